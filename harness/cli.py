@@ -1,0 +1,146 @@
+"""fence-harness: run scenario files, or reproduce one scenario replay by replay.
+
+Exit codes: 0 every scenario met its expectation; 1 one did not (or errored);
+2 bad input or no usable device (one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from harness.devices import DEVICE_NAMES, open_device
+from harness.errors import HarnessError, InputError
+from harness.oracle import ReplayVerdict
+from harness.pipeline import ScenarioResult, run_scenario
+from harness.scenario import Scenario
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fence-harness", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--device", default="auto", choices=DEVICE_NAMES,
+                        help="cuda, sim (CPU simulator) or auto (cuda when present)")
+        sp.add_argument("--replays", type=_positive_int, help="replays per scenario (overrides the files)")
+        sp.add_argument("--timeout", type=float, default=30.0,
+                        help="seconds a replay may take before it is an error (default 30)")
+
+    run = sub.add_parser("run", help="run scenario files (default: scenarios/*.toml)")
+    run.add_argument("files", nargs="*", type=Path, help="scenario TOML files")
+    run.add_argument("--out", type=Path, default=Path("reports"), help="where results.json goes")
+    common(run)
+
+    repro = sub.add_parser("repro", help="run one scenario verbosely, replay by replay")
+    repro.add_argument("name", help="scenario name")
+    repro.add_argument("--file", dest="files", action="append", type=Path, default=[],
+                       help="scenario file(s) to look in (default: scenarios/*.toml)")
+    repro.add_argument("--seed", type=int, help="override the scenario's seed")
+    common(repro)
+    return p
+
+
+def _load(files: list[Path]) -> list[Scenario]:
+    from harness.scenario_file import default_files, load_files
+
+    return load_files(files or default_files())
+
+
+def _line(r: ScenarioResult) -> str:
+    t = r.tally
+    status = "ok  " if r.met else "FAIL"
+    if r.error:
+        return f"{status} {r.scenario.name:34s} expected {r.scenario.expect.value:5s}  error: {r.error}"
+    layers = ",".join(str(k) for k in sorted(t.layer_counts)) or "-"
+    return (
+        f"{status} {r.scenario.name:34s} expected {r.scenario.expect.value:5s} "
+        f"observed {r.observed.value:5s} stale {t.stale_replays:>5d}/{t.replays:<5d} "
+        f"({t.stale_rate:6.1%}) layers {layers:12s} {r.replays_per_s:8.0f} replays/s"
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from harness.results import build_results, write_results
+
+    scenarios = _load(args.files)
+    dev = open_device(args.device)
+    print(f"device: {dev.name}  scenarios: {len(scenarios)}", flush=True)
+    started = time.time()
+    results = []
+    for s in scenarios:
+        r = run_scenario(s, dev, replays=args.replays, timeout_s=args.timeout)
+        results.append(r)
+        print(_line(r), flush=True)
+    doc = build_results(results, dev.describe(), started, time.time())
+    path = write_results(args.out, doc)
+    met = sum(r.met for r in results)
+    print(f"{met}/{len(results)} scenarios met their expectation; results: {path}")
+    return 0 if met == len(results) else 1
+
+
+def _describe_verdict(i: int, v: ReplayVerdict) -> str:
+    if not v.stale:
+        return f"replay {i:4d}: clean"
+    parts = [f"replay {i:4d}: STALE"]
+    if v.layers:
+        parts.append(f"read layers {sorted(v.layers)} pools {sorted(v.pools)} "
+                     f"slots {len(v.slots)}/{v.read_units} ({v.read_fraction:.0%})")
+    if v.final_state_layers:
+        parts.append(f"post-prefill Mamba state differs at layers {sorted(v.final_state_layers)}")
+    if v.output_differs:
+        parts.append("output differs")
+    return "  ".join(parts)
+
+
+def cmd_repro(args: argparse.Namespace) -> int:
+    scenarios = {s.name: s for s in _load(args.files)}
+    if args.name not in scenarios:
+        import difflib
+
+        close = difflib.get_close_matches(args.name, scenarios, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise InputError("repro", "name", f"no scenario '{args.name}'{hint}; valid: {', '.join(scenarios)}")
+    s = scenarios[args.name]
+    if args.seed is not None:
+        s = s.with_overrides(seed=args.seed)
+    dev = open_device(args.device)
+    print(f"device: {dev.name}  scenario: {s.name}  {s.describe()}  seed {s.seed}")
+    r = run_scenario(s, dev, replays=args.replays, timeout_s=args.timeout,
+                     on_replay=lambda i, v: print(_describe_verdict(i, v), flush=True))
+    if r.trace is not None:
+        names = r.trace.stream_names
+        print(f"trace of replay 0 ({len(r.trace.ops)} ops):")
+        for op in r.trace.ops:
+            stream = names.get(getattr(op, "stream", None), "")
+            print(f"  {stream:8s} {op}")
+    print(_line(r))
+    return 0 if r.met else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"run": cmd_run, "repro": cmd_repro}[args.command](args)
+    except HarnessError as e:
+        print(f"fence-harness: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("fence-harness: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

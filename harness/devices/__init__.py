@@ -1,0 +1,28 @@
+"""Devices behind one interface: `cuda` (real GPU) and `sim` (CPU, virtual time)."""
+
+from __future__ import annotations
+
+from harness.devices.base import Device, Event, Graph, Stream, dtype_of
+from harness.errors import InputError
+
+DEVICE_NAMES = ("auto", "cuda", "sim")
+
+
+def open_device(name: str) -> Device:
+    """Open the named device; `auto` picks CUDA when torch sees one, else the simulator."""
+    if name not in DEVICE_NAMES:
+        raise InputError("--device", "", f"unknown device '{name}'; valid: {', '.join(DEVICE_NAMES)}")
+    if name == "auto":
+        import torch
+
+        name = "cuda" if torch.cuda.is_available() else "sim"
+    if name == "cuda":
+        from harness.devices.cuda import CudaDevice
+
+        return CudaDevice()
+    from harness.devices.sim import SimDevice
+
+    return SimDevice()
+
+
+__all__ = ["Device", "Event", "Graph", "Stream", "dtype_of", "open_device", "DEVICE_NAMES"]

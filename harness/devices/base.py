@@ -1,0 +1,175 @@
+"""The small device interface that model, pools, load-back, runners and fences use.
+
+It is shaped like the `device_module` a serving engine uses (`Event()`,
+`current_stream()`, `stream(s)`, `event.record()`, `stream.wait_event(e)`), plus
+the few things a harness needs on top: async copies that name the region they
+write, a delay on a stream, graph capture and replay, pool-access annotations,
+a bounded synchronize, and a trace of all of it.
+
+Two implementations sit side by side: `cuda` (real streams and graphs) and
+`sim` (a CPU model of stream semantics in virtual time).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from harness.trace import Access, Op, Region, Replay, Trace
+
+
+class Stream(abc.ABC):
+    id: int
+    name: str
+
+    @abc.abstractmethod
+    def wait_event(self, event: "Event") -> None:
+        """Later work on this stream waits until `event` has completed."""
+
+
+class Event(abc.ABC):
+    id: int
+    external: bool  # may be waited on inside a captured graph
+
+    @abc.abstractmethod
+    def record(self, stream: Stream | None = None) -> None: ...
+
+    def wait(self, stream: Stream | None = None) -> None:
+        (stream or self._device.current_stream()).wait_event(self)
+
+    @abc.abstractmethod
+    def query(self) -> bool: ...
+
+    @abc.abstractmethod
+    def synchronize(self) -> None: ...
+
+    _device: "Device"
+
+
+class Graph(abc.ABC):
+    id: int
+
+    @abc.abstractmethod
+    def replay(self) -> None:
+        """Enqueue the captured work on the current stream. No Python runs in it."""
+
+
+@dataclass
+class _Capture:
+    """What is being captured right now: the ops that will live in the graph."""
+
+    graph_id: int
+    body: list[Op]
+
+
+class Device(abc.ABC):
+    """Streams, events, copies, delays, graphs and a trace, on one device."""
+
+    name: str
+    torch_device: torch.device
+
+    def __init__(self) -> None:
+        self._next_id = 0
+        self._trace: Trace | None = None
+        self._capture: _Capture | None = None
+
+    # ---- ids and tracing -------------------------------------------------
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    @contextlib.contextmanager
+    def tracing(self) -> Iterator[Trace]:
+        """Record every op enqueued inside the block (costly: not for the hot loop)."""
+        trace = Trace()
+        self._trace = trace
+        try:
+            yield trace
+        finally:
+            self._trace = None
+
+    @property
+    def recording(self) -> bool:
+        """True while tracing or capturing: only then is building trace records worth it."""
+        return self._trace is not None or self._capture is not None
+
+    def _note(self, op: Op) -> None:
+        if self._capture is not None:
+            self._capture.body.append(op)
+        elif self._trace is not None:
+            self._trace.add(op)
+
+    def _name_stream(self, stream: Stream) -> None:
+        if self._trace is not None:
+            self._trace.stream_names[stream.id] = stream.name
+
+    @property
+    def capturing(self) -> bool:
+        return self._capture is not None
+
+    # ---- the device_module-like surface ----------------------------------
+    @abc.abstractmethod
+    def Stream(self, name: str) -> Stream:  # noqa: N802 - mirrors device_module.Stream
+        ...
+
+    @abc.abstractmethod
+    def Event(self, *, external: bool = False) -> Event:  # noqa: N802
+        ...
+
+    @abc.abstractmethod
+    def current_stream(self) -> Stream: ...
+
+    @abc.abstractmethod
+    def stream(self, stream: Stream) -> contextlib.AbstractContextManager: ...
+
+    # ---- what a harness needs on top --------------------------------------
+    @abc.abstractmethod
+    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region) -> None:
+        """Host-to-device copy on the current stream; `region` names what it writes."""
+
+    @abc.abstractmethod
+    def delay(self, us: float) -> None:
+        """Hold the current stream for `us` microseconds (a fault, not a sleep on the host)."""
+
+    def access(
+        self,
+        reads: Sequence[Region] = (),
+        writes: Sequence[Region] = (),
+        cost_us: float = 0.0,
+        what: str = "",
+    ) -> None:
+        """Announce that the next kernels on the current stream read / write these regions.
+
+        The model calls it right before it touches pool memory. The CUDA device only
+        traces it; the simulator also decides here which pending copies have landed.
+        """
+        if self.recording:
+            self._note(Access(self.current_stream().id, tuple(reads), tuple(writes), what))
+
+    @abc.abstractmethod
+    def capture(self, fn: Callable[[], None], *, warmup: int = 2) -> Graph:
+        """Warm `fn` up, then capture it into a graph on a side stream."""
+
+    @abc.abstractmethod
+    def synchronize(self, timeout_s: float = 30.0) -> None:
+        """Wait for all streams; raise ReplayTimeout instead of hanging."""
+
+    @abc.abstractmethod
+    def empty_host(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """Host memory the device copies from asynchronously (pinned on CUDA)."""
+
+    def describe(self) -> dict:
+        """Versions and names for reports."""
+        return {"device": self.name, "torch": torch.__version__}
+
+    def _replayed(self, stream: Stream, graph_id: int, body: Sequence[Op]) -> None:
+        if self._trace is not None:
+            self._trace.add(Replay(stream.id, graph_id, tuple(body)))
+
+
+def dtype_of(name: str) -> torch.dtype:
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[str(name)]

@@ -1,0 +1,201 @@
+"""The CUDA device: real streams, events, pinned-memory copies and CUDA graphs.
+
+Python-level bookkeeping here runs at enqueue time only; a graph replay runs
+none of it, which is exactly the property under test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from harness.devices.base import Device, Event, Graph, Stream, _Capture
+from harness.errors import DeviceUnavailable, ReplayTimeout
+from harness.trace import Copy, Delay, HostSync, Record, Region, Wait
+
+
+class CudaStream(Stream):
+    def __init__(self, device: "CudaDevice", raw: torch.cuda.Stream, name: str):
+        self._device = device
+        self.raw = raw
+        self.id = device._new_id()
+        self.name = name
+
+    def wait_event(self, event: Event) -> None:
+        if self._device.recording:
+            self._device._note(Wait(self.id, event.id, in_graph=self._device.capturing))
+        self.raw.wait_event(event.raw)  # type: ignore[attr-defined]
+
+
+class CudaEvent(Event):
+    def __init__(self, device: "CudaDevice", external: bool):
+        self._device = device
+        self.id = device._new_id()
+        self.external = external
+        # external=True lets a captured graph wait on an event recorded outside it
+        self.raw = torch.cuda.Event(external=True) if external else torch.cuda.Event()
+
+    def record(self, stream: Stream | None = None) -> None:
+        if stream is None:
+            self.raw.record()  # the current stream, without wrapping it
+            if self._device.recording:
+                self._device._note(Record(self._device.current_stream().id, self.id))
+            return
+        if self._device.recording:
+            self._device._note(Record(stream.id, self.id))
+        self.raw.record(stream.raw)  # type: ignore[attr-defined]
+
+    def query(self) -> bool:
+        return self.raw.query()
+
+    def synchronize(self) -> None:
+        self.raw.synchronize()
+
+
+class CudaGraph(Graph):
+    def __init__(self, device: "CudaDevice", graph: torch.cuda.CUDAGraph, graph_id: int, body):
+        self._device = device
+        self.raw = graph
+        self.id = graph_id
+        self.body = body
+
+    def replay(self) -> None:
+        self._device._replayed(self._device.current_stream(), self.id, self.body)
+        self.raw.replay()
+
+
+class CudaDevice(Device):
+    name = "cuda"
+
+    def __init__(self, index: int = 0):
+        super().__init__()
+        if not torch.cuda.is_available():
+            raise DeviceUnavailable("--device cuda: no CUDA device is visible to torch here")
+        self.index = index
+        self.torch_device = torch.device("cuda", index)
+        torch.cuda.set_device(self.torch_device)
+        self._streams: dict[int, CudaStream] = {}
+        self.cycles_per_us = self._calibrate_sleep()
+
+    # ---- device_module surface ---------------------------------------------------
+    def _wrap(self, raw: torch.cuda.Stream, name: str) -> CudaStream:
+        key = raw.cuda_stream
+        s = self._streams.get(key)
+        if s is None:
+            s = CudaStream(self, raw, name)
+            self._streams[key] = s
+        self._name_stream(s)
+        return s
+
+    def Stream(self, name: str) -> CudaStream:  # noqa: N802
+        return self._wrap(torch.cuda.Stream(self.torch_device), name)
+
+    def Event(self, *, external: bool = False) -> CudaEvent:  # noqa: N802
+        return CudaEvent(self, external)
+
+    def current_stream(self) -> CudaStream:
+        return self._wrap(torch.cuda.current_stream(self.torch_device), "default")
+
+    def stream(self, stream: Stream) -> contextlib.AbstractContextManager:
+        return torch.cuda.stream(stream.raw)  # type: ignore[attr-defined]
+
+    # ---- harness surface ------------------------------------------------------------
+    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region) -> None:
+        if self.recording:
+            self._note(Copy(self.current_stream().id, region))
+        dst.copy_(src, non_blocking=True)
+
+    def delay(self, us: float) -> None:
+        if us <= 0:
+            return
+        if self.recording:
+            self._note(Delay(self.current_stream().id, us))
+        torch.cuda._sleep(int(us * self.cycles_per_us))
+
+    def _calibrate_sleep(self, cycles: int = 200_000, repeats: int = 7) -> float:
+        """Cycles of `torch.cuda._sleep` per microsecond, measured on this device now.
+
+        The spin counts SM clock cycles, and the clock varies between parts and
+        moment to moment, so it is measured with device events, never assumed.
+        """
+        s = torch.cuda.Stream(self.torch_device)
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(cycles)  # warm-up: clocks ramp and the kernel loads
+            samples = []
+            for _ in range(repeats):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                torch.cuda._sleep(cycles)
+                b.record()
+                b.synchronize()
+                samples.append(a.elapsed_time(b) * 1e3)  # ms -> us
+        return cycles / statistics.median(samples)
+
+    def capture(self, fn: Callable[[], None], *, warmup: int = 2) -> CudaGraph:
+        # Capture on a side stream, never the default one (a legacy-stream capture fails),
+        # after warm-up there, as torch.cuda.graphs recommends.
+        caller = torch.cuda.current_stream(self.torch_device)
+        side = torch.cuda.Stream(self.torch_device)
+        side.wait_stream(caller)
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                fn()
+        caller.wait_stream(side)
+        torch.cuda.synchronize(self.torch_device)
+        graph = torch.cuda.CUDAGraph()
+        graph_id = self._new_id()
+        self._capture = _Capture(graph_id, [])
+        try:
+            with torch.cuda.graph(graph, stream=side):
+                self._wrap(side, "capture")
+                fn()
+        finally:
+            body, self._capture = self._capture.body, None
+        return CudaGraph(self, graph, graph_id, body)
+
+    def synchronize(self, timeout_s: float = 30.0) -> None:
+        """Poll an event on every stream we know, so a stuck replay ends in an error."""
+        marks = []
+        for s in self._streams.values():
+            e = torch.cuda.Event()
+            e.record(s.raw)
+            marks.append(e)
+        deadline = time.monotonic() + timeout_s
+        spins = 0
+        while not all(e.query() for e in marks):
+            if time.monotonic() > deadline:
+                raise ReplayTimeout(
+                    f"device work did not finish within {timeout_s:g}s "
+                    "(a hung replay or a load stream that never ran)"
+                )
+            spins += 1
+            if spins > 1000:  # long waits: stop burning a core
+                time.sleep(50e-6)
+        self._note(HostSync())
+
+    def empty_host(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(tuple(shape), dtype=dtype, pin_memory=True)
+
+    def describe(self) -> dict:
+        d = super().describe()
+        props = torch.cuda.get_device_properties(self.torch_device)
+        d.update(
+            gpu=props.name,
+            cuda=torch.version.cuda,
+            sm_count=props.multi_processor_count,
+            memory_gib=round(props.total_memory / 2**30, 1),
+            sleep_cycles_per_us=round(self.cycles_per_us, 1),
+        )
+        try:  # the driver version, through NVML, when it is there
+            import pynvml
+
+            pynvml.nvmlInit()
+            d["driver"] = pynvml.nvmlSystemGetDriverVersion()
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001 - optional information only
+            pass
+        return d

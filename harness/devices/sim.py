@@ -1,0 +1,281 @@
+"""A deterministic CPU model of CUDA stream semantics in virtual time.
+
+Compute runs on CPU tensors, in program order, as the Python that issues it
+runs. Each stream keeps a virtual clock (microseconds) and a vector clock. An
+async copy does not touch its destination when it is enqueued: it is pending,
+with a modelled landing time. When the model announces a pool access
+(`Device.access`), each pending copy to that region is applied first if it
+happens-before the access (stream order, event waits, host syncs) or has landed
+by the accessing stream's clock; otherwise the kernel reads what is there (the
+poison), and the copy lands later, clobbering anything written meanwhile.
+
+Graph replay re-runs the captured Python with Python-level waits ignored, as a
+real replay runs none of them; only waits on external events (captured as graph
+nodes) are honoured. A wait on a plain event during capture fails, as it does
+under CUDA (`cudaErrorStreamCaptureInvalidated`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.devices.base import Device, Event, Graph, Stream, _Capture
+from harness.errors import HarnessError
+from harness.trace import Copy, Delay, HostSync, Record, Region, Wait
+
+
+@dataclass(frozen=True)
+class SimCosts:
+    """The simulator's cost model; every constant can be set from the command line.
+
+    bandwidth_gbps: pinned host-to-device copy bandwidth (55 GB/s measured on an H200).
+    launch_us:      host time to enqueue one op outside a graph.
+    replay_us:      host time to launch one graph replay.
+    access_us:      device time of the work around one pool access (a layer's core).
+    hbm_gbps:       device memory bandwidth for the bytes an access touches.
+    """
+
+    bandwidth_gbps: float = 55.0
+    launch_us: float = 5.0
+    replay_us: float = 10.0
+    access_us: float = 20.0
+    hbm_gbps: float = 3000.0
+
+
+class CaptureInvalidated(HarnessError):
+    """A plain event was waited on inside a capture (CUDA invalidates the capture)."""
+
+
+class SimStream(Stream):
+    def __init__(self, device: "SimDevice", name: str):
+        self._device = device
+        self.id = device._new_id()
+        self.name = name
+        self.clock = 0.0  # virtual microseconds: when this stream's last op ends
+        self.vc: dict[int, int] = {self.id: 0}  # vector clock, sanitizer-style
+
+    def wait_event(self, event: Event) -> None:
+        self._device._wait(self, event)  # type: ignore[arg-type]
+
+    def tick(self) -> int:
+        """Bump this stream's own component; returns the new epoch."""
+        self.vc[self.id] = self.vc.get(self.id, 0) + 1
+        return self.vc[self.id]
+
+
+class SimEvent(Event):
+    def __init__(self, device: "SimDevice", external: bool):
+        self._device = device
+        self.id = device._new_id()
+        self.external = external
+        self.time: float | None = None  # virtual time of completion; None: never recorded
+        self.vc: dict[int, int] = {}
+
+    def record(self, stream: Stream | None = None) -> None:
+        self._device._record(self, stream or self._device.current_stream())  # type: ignore[arg-type]
+
+    def query(self) -> bool:
+        return self.time is None or self.time <= self._device.host_clock
+
+    def synchronize(self) -> None:
+        if self.time is not None:
+            self._device._advance_host(self.time)
+
+
+@dataclass
+class _Pending:
+    dst: torch.Tensor
+    src: torch.Tensor
+    region: Region
+    stream: int
+    epoch: int  # the stream's vector-clock component when the copy was enqueued
+    lands: float  # virtual time it lands
+
+
+class SimGraph(Graph):
+    def __init__(self, device: "SimDevice", fn: Callable[[], None], body: list):
+        self._device = device
+        self.id = device._new_id()
+        self._fn = fn
+        self.body = body
+
+    def replay(self) -> None:
+        self._device._replay(self)
+
+
+@dataclass
+class _State:
+    mode: str = "eager"  # eager | capture | replay
+    stack: list[SimStream] = field(default_factory=list)
+
+
+class SimDevice(Device):
+    name = "sim"
+    torch_device = torch.device("cpu")
+
+    def __init__(self, costs: SimCosts | None = None):
+        super().__init__()
+        self.costs = costs or SimCosts()
+        self.host_clock = 0.0
+        self._streams: list[SimStream] = []
+        self._pending: list[_Pending] = []
+        self._state = _State()
+        self._state.stack.append(self.Stream("default"))
+
+    # ---- device_module surface -------------------------------------------
+    def Stream(self, name: str) -> SimStream:  # noqa: N802
+        s = SimStream(self, name)
+        self._streams.append(s)
+        self._name_stream(s)
+        return s
+
+    def Event(self, *, external: bool = False) -> SimEvent:  # noqa: N802
+        e = SimEvent(self, external)
+        e._device = self
+        return e
+
+    def current_stream(self) -> SimStream:
+        return self._state.stack[-1]
+
+    @contextlib.contextmanager
+    def stream(self, stream: Stream):
+        self._state.stack.append(stream)  # type: ignore[arg-type]
+        self._name_stream(stream)
+        try:
+            yield stream
+        finally:
+            self._state.stack.pop()
+
+    # ---- time ---------------------------------------------------------------
+    def _launch(self, stream: SimStream, duration: float) -> float:
+        """Enqueue `duration` of work on `stream`; returns its start time."""
+        if self._state.mode == "replay":
+            start = stream.clock  # inside a replay the host launched everything at once
+        else:
+            start = max(stream.clock, self.host_clock)
+            self.host_clock += self.costs.launch_us
+        stream.clock = start + duration
+        return start
+
+    def _advance_host(self, t: float) -> None:
+        self.host_clock = max(self.host_clock, t)
+        self._land(lambda p: p.lands <= self.host_clock)
+
+    # ---- events ---------------------------------------------------------------
+    def _record(self, event: SimEvent, stream: SimStream) -> None:
+        self._launch(stream, 0.0)
+        event.time = stream.clock
+        event.vc = dict(stream.vc)
+        stream.tick()
+        self._note(Record(stream.id, event.id))
+
+    def _wait(self, stream: SimStream, event: SimEvent) -> None:
+        mode = self._state.mode
+        if mode == "replay" and not event.external:
+            return  # a Python-level wait: a real replay never runs it
+        if mode == "capture" and not event.external:
+            raise CaptureInvalidated(
+                "a plain event was waited on during graph capture "
+                "(CUDA: cudaErrorStreamCaptureInvalidated); use an external event"
+            )
+        self._note(Wait(stream.id, event.id, in_graph=mode == "capture"))
+        self._launch(stream, 0.0)
+        if event.time is None:
+            return  # waiting on a never-recorded event completes at once (CUDA semantics)
+        stream.clock = max(stream.clock, event.time)
+        for sid, epoch in event.vc.items():
+            stream.vc[sid] = max(stream.vc.get(sid, 0), epoch)
+
+    # ---- copies, delays, accesses -----------------------------------------------
+    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region) -> None:
+        stream = self.current_stream()
+        nbytes = src.numel() * src.element_size()
+        start = self._launch(stream, 0.0)
+        duration = nbytes / (self.costs.bandwidth_gbps * 1e3)  # GB/s -> bytes/us
+        stream.clock = start + duration
+        self._pending.append(
+            _Pending(dst, src, region, stream.id, stream.vc[stream.id], stream.clock)
+        )
+        self._note(Copy(stream.id, region))
+
+    def delay(self, us: float) -> None:
+        self._launch(self.current_stream(), us)
+        self._note(Delay(self.current_stream().id, us))
+
+    def access(self, reads=(), writes=(), cost_us: float = 0.0, what: str = "") -> None:
+        super().access(reads, writes, cost_us, what)
+        stream = self.current_stream()
+        start = self._launch(stream, self.costs.access_us + cost_us)
+        regions = tuple(reads) + tuple(writes)
+
+        def visible(p: _Pending) -> bool:
+            if not any(p.region.overlaps(r) for r in regions):
+                return False
+            ordered = stream.vc.get(p.stream, -1) >= p.epoch
+            return ordered or p.lands <= start
+
+        self._land(visible)
+
+    def _land(self, which: Callable[[_Pending], bool]) -> None:
+        """Apply the pending copies `which` selects, in the order they were enqueued."""
+        keep = []
+        for p in self._pending:
+            if which(p):
+                p.dst.copy_(p.src)
+            else:
+                keep.append(p)
+        self._pending = keep
+
+    # ---- graphs ---------------------------------------------------------------
+    def capture(self, fn: Callable[[], None], *, warmup: int = 2) -> SimGraph:
+        side = self.Stream("capture")
+        for _ in range(warmup):
+            with self.stream(side):
+                fn()
+        graph_id = self._new_id()
+        self._capture = _Capture(graph_id, [])
+        self._state.mode = "capture"
+        try:
+            with self.stream(side):
+                fn()
+        finally:
+            body, self._capture = self._capture.body, None
+            self._state.mode = "eager"
+        g = SimGraph(self, fn, body)
+        g.id = graph_id
+        return g
+
+    def _replay(self, graph: SimGraph) -> None:
+        stream = self.current_stream()
+        self._replayed(stream, graph.id, graph.body)
+        stream.clock = max(stream.clock, self.host_clock)
+        self.host_clock += self.costs.replay_us
+        prev_trace, self._trace = self._trace, None  # the replay is traced as one op
+        self._state.mode = "replay"
+        try:
+            graph._fn()
+        finally:
+            self._state.mode = "eager"
+            self._trace = prev_trace
+
+    # ---- host ----------------------------------------------------------------
+    def synchronize(self, timeout_s: float = 30.0) -> None:
+        # Virtual time always finishes; the timeout matters only on real devices.
+        self._advance_host(max(s.clock for s in self._streams))
+        self._land(lambda p: True)
+        for s in self._streams:  # everything after a host sync is ordered after everything before
+            for other in self._streams:
+                s.vc[other.id] = max(s.vc.get(other.id, 0), other.vc.get(other.id, 0))
+        self._note(HostSync())
+
+    def empty_host(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(tuple(shape), dtype=dtype)
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["costs"] = self.costs.__dict__.copy()
+        return d

@@ -1,0 +1,153 @@
+"""The load-back protocol, mirrored from the engine's cache controller.
+
+A load op: the scheduling stream records `start_event`; the load stream waits on
+it; then for each layer i, the H2D copy of that layer's KV (or Mamba state,
+indexed by global layer id) and `load_events[i]` recorded on the load stream.
+The op's final event is `load_events[-1]`.
+
+`LayerDoneCounter` keeps a ring of 3 such event sets. The producer advances per
+load op; a batch carries a consumer index; `wait_until(i)` does nothing at
+consumer index -1 and otherwise enqueues `current_stream().wait_event(...)`:
+the host never blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from harness.devices.base import Device, Event, Stream
+from harness.errors import HarnessError
+from harness.trace import Region
+
+if TYPE_CHECKING:
+    from harness.pools import HostPool, HybridPool, Layout
+
+RING = 3  # the engine keeps three event sets: in use, loading, being released
+
+
+class LayerLoadingEvent:
+    """One load op's events: a start event and one event per layer."""
+
+    def __init__(self, dev: Device, num_layers: int, *, external: bool = False):
+        self._dev = dev
+        self.num_layers = num_layers
+        self.load_events: list[Event] = [dev.Event(external=external) for _ in range(num_layers)]
+        self.start_event: Event = dev.Event()
+
+    def complete(self, layer_index: int) -> None:
+        """Record layer `layer_index`'s event on the current (load) stream."""
+        if not 0 <= layer_index < self.num_layers:
+            raise IndexError(f"layer {layer_index} out of range 0..{self.num_layers - 1}")
+        self.load_events[layer_index].record()
+
+    def wait(self, layer_index: int) -> None:
+        self._dev.current_stream().wait_event(self.load_events[layer_index])
+
+    @property
+    def finish_event(self) -> Event:
+        return self.load_events[-1]
+
+
+class SlotReusedEarly(HarnessError):
+    """The ring wrapped onto an event set whose last load had not finished."""
+
+
+class LayerDoneCounter:
+    def __init__(self, dev: Device, num_layers: int, *, external: bool = False):
+        self.num_layers = num_layers
+        self.events = [LayerLoadingEvent(dev, num_layers, external=external) for _ in range(RING)]
+        self.producer_index = -1
+        self.consumer_index = -1
+
+    def update_producer(self) -> int:
+        self.producer_index = (self.producer_index + 1) % RING
+        if not self.events[self.producer_index].finish_event.query():
+            # The engine asserts this: an event set is reused only after its load finished.
+            raise SlotReusedEarly(
+                f"load-event set {self.producer_index} reused before its final event completed"
+            )
+        return self.producer_index
+
+    def set_consumer(self, index: int) -> None:
+        self.consumer_index = index
+
+    def wait_until(self, threshold: int) -> None:
+        if self.consumer_index < 0:
+            return  # no pending load for this batch (and always so during capture)
+        self.events[self.consumer_index].wait(threshold)
+
+    def reset(self) -> None:
+        self.producer_index = -1
+        self.consumer_index = -1
+
+
+# A load-back schedule: (layer id) -> microseconds to hold the load stream before its copy.
+DelaySchedule = Callable[[int], float]
+
+
+@dataclass(frozen=True)
+class LayerCopy:
+    dst: torch.Tensor  # a view of a device pool
+    src: torch.Tensor  # a view of a pinned host pool
+    region: Region
+
+
+def plan_copies(layout: "Layout", host: "HostPool", pool: "HybridPool") -> list[list[LayerCopy]]:
+    """Each layer's H2D copies, as views, built once so a load op only enqueues them.
+
+    Attention layers copy K and V per request (each request's prefix is contiguous
+    on both sides); Mamba layers copy the batch's conv and SSM state slots at once.
+    """
+    from harness.pools import prefix_regions
+
+    plan = []
+    for layer in range(layout.shape.num_layers):
+        regions = prefix_regions(layout, layer)
+        copies = []
+        if layout.shape.layers[layer] == "A":
+            a = pool.kv.layer_index[layer]
+            loaded = [r for r in layout.requests if len(r.prefix)]
+            for r, rk, rv in zip(loaded, regions[0::2], regions[1::2]):
+                rows = slice(r.host_offset, r.host_offset + len(r.prefix))
+                dst = slice(r.prefix.start, r.prefix.stop)
+                copies.append(LayerCopy(pool.kv.k[a, dst], host.k[a, rows], rk))
+                copies.append(LayerCopy(pool.kv.v[a, dst], host.v[a, rows], rv))
+        else:
+            m = pool.mamba.layer_index[layer]
+            first = layout.requests[0].mamba_slot
+            dst = slice(first, first + len(layout.requests))
+            rc, rs = regions
+            copies.append(LayerCopy(pool.mamba.conv[m, dst], host.conv[m], rc))
+            copies.append(LayerCopy(pool.mamba.ssm[m, dst], host.ssm[m], rs))
+        plan.append(copies)
+    return plan
+
+
+def start_loading(
+    dev: Device,
+    counter: LayerDoneCounter,
+    load_stream: Stream,
+    plan: list[list[LayerCopy]],
+    delay_before: DelaySchedule = lambda layer: 0.0,
+) -> int:
+    """Enqueue one load op; returns the producer index (the batch's consumer index).
+
+    Called on the scheduling (forward) stream, as the engine's `start_loading` is.
+    """
+    producer = counter.update_producer()
+    op = counter.events[producer]
+    op.start_event.record()  # on the scheduling stream: orders the load after earlier writes
+    with dev.stream(load_stream):
+        op.start_event.wait(load_stream)
+        for layer, copies in enumerate(plan):
+            us = delay_before(layer)
+            if us > 0:
+                dev.delay(us)
+            for c in copies:
+                dev.copy_async(c.dst, c.src, c.region)
+            op.complete(layer)
+    return producer

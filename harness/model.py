@@ -1,0 +1,303 @@
+"""A tiny transformer stack from a layer pattern ("AMAM"), run over device pools.
+
+`A` is a GQA attention layer: it writes the new tokens' K/V into the paged KV
+pool and attends over prefix + new tokens read back from that pool. `M` is a
+Mamba-style layer: it reads conv and SSM state from its state-pool slot and
+writes the updated state back in place, as prefill does.
+
+The forward is a list of `Step`s that write only into static buffers, so the
+same code runs eagerly, as graph segments with pool-reading steps between them
+(breakable), or as one captured graph (full). Every pool-reading step first
+copies what it read into a probe buffer (part of the captured work), which is
+what the oracle compares against ground truth.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from harness.devices.base import Device, dtype_of
+from harness.pools import HybridPool, Layout, prefix_regions
+from harness.trace import Pool, Region
+
+EPS = 1e-6
+DECAY_RANGE = (0.97, 0.995)  # per-channel SSM decay; keeps a^-T finite in fp32 for T <= 2048
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    fn: Callable[[], None]
+    reads_pool: bool  # pool-reading steps run eagerly under the breakable backend
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * w.float()
+
+
+def causal_mask(prefix: int, new: int, device: torch.device) -> torch.Tensor:
+    """[new, prefix+new] bool: new token j sees the whole prefix and new tokens <= j."""
+    pos = torch.arange(prefix + new, device=device)
+    return pos[None, :] <= (prefix + torch.arange(new, device=device))[:, None]
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Causal GQA over prefix + new tokens. q [T,H,D], k/v [P+T,KVH,D] -> [T, H*D] fp32."""
+    t, h, d = q.shape
+    rep = h // k.shape[1]
+    kf = k.float().repeat_interleave(rep, dim=1)
+    vf = v.float().repeat_interleave(rep, dim=1)
+    scores = torch.einsum("thd,shd->hts", q.float(), kf) / math.sqrt(d)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    out = torch.einsum("hts,shd->thd", scores.softmax(-1), vf)
+    return out.reshape(t, h * d)
+
+
+def mamba_mix(u, conv_state, ssm_state, w: "MambaWeights"):
+    """One request's Mamba-style mixing over T new tokens, in fp32.
+
+    u [T, d]; conv_state [d, W-1] (the last W-1 inputs); ssm_state [d, N].
+    Returns y [T, d], new conv state, new SSM state. The scan
+    h_t = a*h_{t-1} + c_t B_t is evaluated in closed form,
+    h_t = a^t (h_0 + sum_{s<=t} a^-s c_s B_s), so it is a few kernels, not T.
+    """
+    width = w.conv_w.shape[1]
+    xpad = torch.cat([conv_state.float().t(), u.float()], 0)  # [W-1+T, d]
+    windows = xpad.unfold(0, width, 1)  # [T, d, W]
+    c = F.silu((windows * w.conv_w.float()).sum(-1) + w.conv_b.float())
+    new_conv = xpad[-(width - 1) :].t()
+    b_t = c @ w.w_b.float().t()  # [T, N]
+    c_t = c @ w.w_c.float().t()
+    steps = torch.arange(1, u.shape[0] + 1, device=u.device, dtype=torch.float32)
+    a_pow = torch.exp(steps[:, None, None] * w.log_a[None])  # a^t, [T, d, N]
+    incr = c[:, :, None] * b_t[:, None, :] / a_pow
+    hs = a_pow * (ssm_state.float()[None] + incr.cumsum(0))
+    y = (hs * c_t[:, None, :]).sum(-1) + w.d_skip.float() * c
+    return y, new_conv, hs[-1]
+
+
+@dataclass
+class AttentionWeights:
+    norm: torch.Tensor
+    w_qkv: torch.Tensor
+    w_o: torch.Tensor
+    mlp_norm: torch.Tensor
+    w_up: torch.Tensor
+    w_down: torch.Tensor
+
+
+@dataclass
+class MambaWeights:
+    norm: torch.Tensor
+    w_in: torch.Tensor
+    conv_w: torch.Tensor
+    conv_b: torch.Tensor
+    log_a: torch.Tensor  # fp32, log of the per-(channel, state) decay
+    w_b: torch.Tensor
+    w_c: torch.Tensor
+    d_skip: torch.Tensor
+    w_out: torch.Tensor
+
+
+def init_weights(layout: Layout, seed: int, device: torch.device):
+    """Seeded weights, drawn on the CPU so every device gets the same numbers."""
+    s = layout.shape
+    dt = dtype_of(s.dtype)
+    g = torch.Generator().manual_seed(seed)
+
+    def mat(rows, cols):
+        return (torch.randn(rows, cols, generator=g) / math.sqrt(cols)).to(dt).to(device)
+
+    def vec(n, scale=0.1, base=1.0):
+        return (base + scale * torch.randn(n, generator=g)).to(dt).to(device)
+
+    layers = []
+    qkv = (s.heads + 2 * s.kv_heads) * s.head_dim
+    for kind in s.layers:
+        if kind == "A":
+            layers.append(
+                AttentionWeights(
+                    vec(s.hidden), mat(qkv, s.hidden), mat(s.hidden, s.heads * s.head_dim),
+                    vec(s.hidden), mat(2 * s.hidden, s.hidden), mat(s.hidden, 2 * s.hidden),
+                )
+            )
+        else:
+            lo, hi = DECAY_RANGE
+            a = lo + (hi - lo) * torch.rand(s.d_inner, s.state, generator=g)
+            layers.append(
+                MambaWeights(
+                    vec(s.hidden), mat(2 * s.d_inner, s.hidden),
+                    (torch.randn(s.d_inner, s.conv, generator=g) / math.sqrt(s.conv)).to(dt).to(device),
+                    vec(s.d_inner, base=0.0), torch.log(a).to(device),
+                    mat(s.state, s.d_inner), mat(s.state, s.d_inner),
+                    vec(s.d_inner), mat(s.hidden, s.d_inner),
+                )
+            )
+    final_norm = vec(s.hidden)
+    x = torch.randn(layout.total_new, s.hidden, generator=g).to(dt).to(device)
+    return layers, final_norm, x
+
+
+class ProbeSet:
+    """Static buffers the forward writes what it read into (and its output)."""
+
+    def __init__(self, layout: Layout, device: torch.device):
+        s = layout.shape
+        dt = dtype_of(s.dtype)
+        n_a, n_m, b = len(s.attention_layers), len(s.mamba_layers), len(layout.requests)
+        kv = (n_a, layout.total_prefix, s.kv_heads, s.head_dim)
+        # One flat arena so that poisoning and comparing are a few kernels, not one per layer.
+        sizes = {
+            "k": math.prod(kv),
+            "v": math.prod(kv),
+            "conv": n_m * b * s.d_inner * (s.conv - 1),
+            "ssm": n_m * b * s.d_inner * s.state,
+            "final_conv": n_m * b * s.d_inner * (s.conv - 1),
+            "final_ssm": n_m * b * s.d_inner * s.state,
+            "out": layout.total_new * s.hidden,
+        }
+        self.arena = torch.empty(sum(sizes.values()), dtype=dt, device=device)
+        self.offsets: dict[str, tuple[int, int]] = {}
+        at = 0
+        for name, n in sizes.items():
+            self.offsets[name] = (at, at + n)
+            at += n
+        view = lambda name, shape: self.arena[slice(*self.offsets[name])].view(shape)  # noqa: E731
+        self.k = view("k", kv)
+        self.v = view("v", kv)
+        self.conv = view("conv", (n_m, b, s.d_inner, s.conv - 1))
+        self.ssm = view("ssm", (n_m, b, s.d_inner, s.state))
+        self.final_conv = view("final_conv", (n_m, b, s.d_inner, s.conv - 1))
+        self.final_ssm = view("final_ssm", (n_m, b, s.d_inner, s.state))
+        self.out = view("out", (layout.total_new, s.hidden))
+
+
+class HybridModel:
+    def __init__(self, dev: Device, layout: Layout, pool: HybridPool, seed: int):
+        self.dev = dev
+        self.layout = layout
+        self.pool = pool
+        s = layout.shape
+        device = dev.torch_device
+        dt = dtype_of(s.dtype)
+        self.layers, self.final_norm, self.x = init_weights(layout, seed, device)
+        t = layout.total_new
+        # Static workspace: every step writes into these, so graphs can replay them.
+        self.h = torch.empty(t, s.hidden, dtype=dt, device=device)
+        self.q = torch.empty(t, s.heads, s.head_dim, dtype=dt, device=device)
+        self.k_new = torch.empty(t, s.kv_heads, s.head_dim, dtype=dt, device=device)
+        self.v_new = torch.empty_like(self.k_new)
+        self.mix = torch.empty(t, max(s.heads * s.head_dim, s.d_inner), dtype=dt, device=device)
+        self.u = torch.empty(t, s.d_inner, dtype=dt, device=device)
+        self.z = torch.empty(t, s.d_inner, dtype=dt, device=device)
+        self.probes = ProbeSet(layout, device)
+        self.new_slots = torch.tensor(
+            [slot for r in layout.requests for slot in r.new], dtype=torch.long, device=device
+        )
+        reqs = layout.requests
+        self.mamba_slots = slice(reqs[0].mamba_slot, reqs[-1].mamba_slot + 1)
+        self.masks = [causal_mask(len(r.prefix), len(r.new), device) for r in reqs]
+        # Regions each layer loads (and so reads stale when unfenced), and the new-token
+        # slots attention writes: fixed per batch, so built once, not per replay.
+        self.loaded = {lid: tuple(prefix_regions(layout, lid)) for lid in range(s.num_layers)}
+        self.new_kv = {
+            lid: tuple(Region(p, lid, r.new.start, r.new.stop) for r in reqs for p in (Pool.K, Pool.V))
+            for lid in s.attention_layers
+        }
+        self.steps = self._build_steps()
+
+    # ---- steps ----------------------------------------------------------------
+    def _build_steps(self) -> list[Step]:
+        steps = [Step("embed", lambda: self.h.copy_(self.x), False)]
+        for lid, w in enumerate(self.layers):
+            if isinstance(w, AttentionWeights):
+                steps += [
+                    Step(f"L{lid}.qkv", lambda lid=lid, w=w: self._qkv(w), False),
+                    Step(f"L{lid}.attention", lambda lid=lid: self._attention_core(lid), True),
+                    Step(f"L{lid}.o_mlp", lambda w=w: self._o_mlp(w), False),
+                ]
+            else:
+                steps += [
+                    Step(f"L{lid}.in_proj", lambda w=w: self._in_proj(w), False),
+                    Step(f"L{lid}.mamba", lambda lid=lid, w=w: self._mamba_core(lid, w), True),
+                    Step(f"L{lid}.out_proj", lambda w=w: self._out_proj(w), False),
+                ]
+        steps.append(Step("final_norm", self._final, False))
+        return steps
+
+    def _qkv(self, w: AttentionWeights) -> None:
+        s = self.layout.shape
+        qkv = (rms_norm(self.h, w.norm).to(self.h.dtype) @ w.w_qkv.t()).view(self.h.shape[0], -1, s.head_dim)
+        self.q.copy_(qkv[:, : s.heads])
+        self.k_new.copy_(qkv[:, s.heads : s.heads + s.kv_heads])
+        self.v_new.copy_(qkv[:, s.heads + s.kv_heads :])
+
+    def _attention_core(self, lid: int) -> None:
+        layout, kv = self.layout, self.pool.kv
+        k_buf = kv.get_key_buffer(lid)  # the engine's waiting accessors
+        v_buf = kv.get_value_buffer(lid)
+        self.dev.access(reads=self.loaded[lid], writes=self.new_kv[lid], what=f"L{lid} attention")
+        k_buf.index_copy_(0, self.new_slots, self.k_new)
+        v_buf.index_copy_(0, self.new_slots, self.v_new)
+        a = kv.layer_index[lid]
+        width = self.q.shape[1] * self.q.shape[2]
+        for r in layout.requests:
+            rows = slice(r.host_offset, r.host_offset + len(r.prefix))
+            self.probes.k[a, rows].copy_(k_buf[r.prefix.start : r.prefix.stop])
+            self.probes.v[a, rows].copy_(v_buf[r.prefix.start : r.prefix.stop])
+            span = slice(r.prefix.start, r.new.stop)
+            tok = slice(r.tokens.start, r.tokens.stop)
+            out = attention(self.q[tok], k_buf[span], v_buf[span], self.masks[r.index])
+            self.mix[tok, :width].copy_(out)
+
+    def _o_mlp(self, w: AttentionWeights) -> None:
+        width = w.w_o.shape[1]
+        self.h.add_(self.mix[:, :width] @ w.w_o.t())
+        up = rms_norm(self.h, w.mlp_norm).to(self.h.dtype) @ w.w_up.t()
+        self.h.add_(F.silu(up) @ w.w_down.t())
+
+    def _in_proj(self, w: MambaWeights) -> None:
+        uz = rms_norm(self.h, w.norm).to(self.h.dtype) @ w.w_in.t()
+        self.u.copy_(uz[:, : self.u.shape[1]])
+        self.z.copy_(uz[:, self.u.shape[1] :])
+
+    def _mamba_core(self, lid: int, w: MambaWeights) -> None:
+        conv, ssm = self.pool.mamba_layer_cache(lid)  # the hybrid pool's waiting accessor
+        regions = self.loaded[lid]
+        self.dev.access(reads=regions, writes=regions, what=f"L{lid} mamba")
+        m = self.pool.mamba.layer_index[lid]
+        self.probes.conv[m].copy_(conv[self.mamba_slots])
+        self.probes.ssm[m].copy_(ssm[self.mamba_slots])
+        d = self.u.shape[1]
+        for r in self.layout.requests:
+            tok = slice(r.tokens.start, r.tokens.stop)
+            y, new_conv, new_ssm = mamba_mix(self.u[tok], conv[r.mamba_slot], ssm[r.mamba_slot], w)
+            conv[r.mamba_slot].copy_(new_conv)  # prefill updates the state in place
+            ssm[r.mamba_slot].copy_(new_ssm)
+            self.mix[tok, :d].copy_(y)
+
+    def _out_proj(self, w: MambaWeights) -> None:
+        d = self.u.shape[1]
+        self.h.add_((self.mix[:, :d] * F.silu(self.z.float())).to(self.h.dtype) @ w.w_out.t())
+
+    def _final(self) -> None:
+        self.probes.out.copy_(rms_norm(self.h, self.final_norm))
+
+    # ---- whole forward and observation -------------------------------------------
+    def forward(self) -> None:
+        for step in self.steps:
+            step.fn()
+
+    def collect_final_state(self) -> None:
+        """Copy the post-prefill Mamba state into the probe arena (after the forward)."""
+        for lid in self.layout.shape.mamba_layers:
+            m = self.pool.mamba.layer_index[lid]
+            self.dev.access(reads=self.loaded[lid], what=f"L{lid} final state")
+            self.probes.final_conv[m].copy_(self.pool.mamba.conv[m, self.mamba_slots])
+            self.probes.final_ssm[m].copy_(self.pool.mamba.ssm[m, self.mamba_slots])

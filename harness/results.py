@@ -1,0 +1,116 @@
+"""results.json: what a run found, written atomically.
+
+Schema version 1 (documented in the README): run metadata, the device, and one
+entry per scenario with its definition, expectation, observed verdict, replay
+counts, stale rate, localisation and timings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from harness.pipeline import ScenarioResult
+
+SCHEMA_VERSION = 1
+
+
+def _plain(obj):
+    """Dataclasses, enums and tuples to JSON-ready values (NaN poison as a string)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, (list, tuple)):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    return obj
+
+
+def scenario_entry(r: ScenarioResult) -> dict:
+    t = r.tally
+    return {
+        "name": r.scenario.name,
+        "definition": _plain(r.scenario),
+        "expect": r.scenario.expect.value,
+        "observed": r.observed.value if r.observed else None,
+        "met": r.met,
+        "error": r.error,
+        "replays": t.replays,
+        "stale_replays": t.stale_replays,
+        "stale_rate": t.stale_rate,
+        "stale_layers": {str(k): v for k, v in sorted(t.layer_counts.items())},
+        "stale_pools": dict(sorted(t.pool_counts.items())),
+        "final_state_stale_replays": t.final_state_replays,
+        "output_only_replays": t.output_only_replays,
+        "mean_stale_slot_fraction": t.mean_read_fraction,
+        "timings": {
+            "wall_s": round(r.wall_s, 4),
+            "replay_loop_s": round(r.replay_s, 4),
+            "replays_per_s": round(r.replays_per_s, 1),
+        },
+    }
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def build_results(results: list[ScenarioResult], device: dict, started: float, finished: float) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": uuid.uuid4().hex[:12],
+        "git_commit": git_commit(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(finished)),
+        "command": sys.argv,
+        "environment": {**device, "python": platform.python_version(), "host": platform.node(),
+                        "cpu": platform.processor() or platform.machine()},
+        "summary": {
+            "scenarios": len(results),
+            "met": sum(r.met for r in results),
+            "errors": sum(r.error is not None for r in results),
+        },
+        "scenarios": [scenario_entry(r) for r in results],
+    }
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Temporary file in the same folder, fsync, rename: never a half-written report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_results(out_dir: Path, doc: dict) -> Path:
+    path = out_dir / "results.json"
+    write_atomic(path, json.dumps(doc, indent=2) + "\n")
+    return path

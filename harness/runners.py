@@ -1,0 +1,88 @@
+"""How a forward runs: eagerly, as graph segments around pool reads, or as one graph.
+
+- eager: every step runs as Python, so the accessors' per-layer waits fire.
+- breakable: the runs of steps between pool reads are captured as graph
+  segments; the pool-reading steps run eagerly between them, so waits fire.
+- full: the whole body is one graph; a replay runs no Python and so no waits.
+
+Capture happens with no pending load (consumer index -1), as in the engine, so
+no wait is captured into any graph.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+
+from harness.devices.base import Device, Graph
+from harness.errors import HarnessError
+from harness.loadback import LayerDoneCounter
+from harness.model import HybridModel, Step
+from harness.scenario import Backend
+
+
+class Runner(abc.ABC):
+    def __init__(self, dev: Device, model: HybridModel, counter: LayerDoneCounter):
+        self.dev = dev
+        self.model = model
+        self.counter = counter
+
+    def prepare(self) -> None:
+        """Capture whatever graphs the backend needs (no pending load allowed)."""
+
+    @abc.abstractmethod
+    def run(self) -> None:
+        """Enqueue one forward on the current stream."""
+
+    def _check_no_pending_load(self) -> None:
+        if self.counter.consumer_index >= 0:
+            raise HarnessError("capture with a pending load would capture its waits")
+
+
+class EagerRunner(Runner):
+    def run(self) -> None:
+        self.model.forward()
+
+
+class BreakableRunner(Runner):
+    def prepare(self) -> None:
+        self._check_no_pending_load()
+        self.plan: list[Callable[[], None]] = []
+        segment: list[Step] = []
+
+        def close() -> None:
+            if segment:
+                fns = [s.fn for s in segment]
+                graph = self.dev.capture(lambda: [f() for f in fns])
+                self.plan.append(graph.replay)
+                segment.clear()
+
+        for step in self.model.steps:
+            if step.reads_pool:
+                close()
+                self.plan.append(step.fn)
+            else:
+                segment.append(step)
+        close()
+
+    def run(self) -> None:
+        for item in self.plan:
+            item()
+
+
+class FullGraphRunner(Runner):
+    graph: Graph
+
+    def prepare(self) -> None:
+        self._check_no_pending_load()
+        self.graph = self.dev.capture(self.model.forward)
+
+    def run(self) -> None:
+        self.graph.replay()
+
+
+RUNNERS: dict[Backend, type[Runner]] = {
+    Backend.EAGER: EagerRunner,
+    Backend.BREAKABLE: BreakableRunner,
+    Backend.FULL: FullGraphRunner,
+}

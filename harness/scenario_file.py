@@ -1,0 +1,550 @@
+"""Load scenario files (TOML) into `Scenario` records, rejecting anything odd.
+
+A file holds an optional [defaults] table (merged key by key into every
+scenario), optional named model shapes under [models.NAME], and one or more
+[[scenario]] tables; scenarios/default.toml is the worked example.
+
+Every problem raises `InputError(source, key, message)` with a one-line message
+that says what is wrong and what would be valid. Keys are dotted paths into the
+file as written:
+
+    scenario[2].backend        the third [[scenario]] table (0-based: its name
+                               may itself be the thing that is missing or bad)
+    scenario[0].model.heads    a field of an inline model table
+    scenario[1].batch[0].new   a request of a batch
+    models.hybrid.dtype        a field of a named model
+    defaults.replays           a value that came from [defaults]
+
+Problems with the file as a whole (unreadable, not UTF-8, not TOML) have an
+empty key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from harness.errors import InputError
+from harness.scenario import (
+    LAYER_KINDS,
+    Backend,
+    DelayWhere,
+    DType,
+    Expect,
+    Fault,
+    FaultKind,
+    Fence,
+    ModelShape,
+    NamedEnum,
+    Request,
+    kv_slots_needed,
+    Scenario,
+    Tolerance,
+)
+
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+
+MAX_LAYERS = 256
+MAX_REPLAYS = 1_000_000
+MAX_QUERY_WIDTH = 16384  # heads * head_dim; the same cap as hidden
+# Far past what a race test needs: a size over this is a typo, not a test.
+DEVICE_BYTES_LIMIT = 64 * 2**30
+ELEM_SIZE = {DType.BF16: 2, DType.FP16: 2, DType.FP32: 4}
+MAMBA_STATE_ELEM_SIZE = 4  # Mamba state is estimated at fp32 width whatever the dtype
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+
+Parser = Callable[[Any, str], Any]
+
+
+class _Invalid(Exception):
+    """A problem at `key`; parse_text adds the source and raises InputError.
+
+    Parsers below raise this so that they need not carry the file name around.
+    """
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+        self.message = message
+
+
+# ---------------------------------------------------------------- public API
+
+
+def default_files() -> list[Path]:
+    """The repository's default scenario files, in a stable order."""
+    return sorted(SCENARIO_DIR.glob("*.toml"))
+
+
+def load_files(paths: Iterable[str | Path]) -> list[Scenario]:
+    """Load several files; scenario names must be unique across all of them."""
+    scenarios: list[Scenario] = []
+    first_seen: dict[str, tuple[str, int]] = {}
+    for path in paths:
+        for index, scenario in enumerate(load_file(path)):
+            if scenario.name in first_seen:
+                other_source, other_index = first_seen[scenario.name]
+                raise InputError(
+                    scenario.source,
+                    f"scenario[{index}].name",
+                    f"duplicate name {scenario.name!r}; already used by "
+                    f"scenario[{other_index}] in {other_source}",
+                )
+            first_seen[scenario.name] = (scenario.source, index)
+            scenarios.append(scenario)
+    return scenarios
+
+
+def load_file(path: str | Path) -> list[Scenario]:
+    source = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise InputError(source, "", "no such file") from None
+    except IsADirectoryError:
+        raise InputError(source, "", "is a directory, not a scenario file") from None
+    except OSError as e:
+        raise InputError(source, "", f"cannot read the file: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise InputError(
+            source,
+            "",
+            f"not UTF-8 text: byte 0x{data[e.start]:02x} on line {line} is not valid "
+            "UTF-8; save the file as UTF-8",
+        ) from None
+    return parse_text(text, source)
+
+
+def parse_text(text: str, source: str) -> list[Scenario]:
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        # tomllib's message already ends with "(at line L, column C)".
+        detail = " ".join(str(e).splitlines())
+        raise InputError(source, "", f"TOML syntax error: {detail}") from None
+    try:
+        return _parse_document(document, source)
+    except _Invalid as e:
+        raise InputError(source, e.key, e.message) from None
+
+
+# ---------------------------------------------------------------- messages
+
+
+def _describe(value: Any) -> str:
+    """How a wrong value reads in a message: its TOML type and a short form."""
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f"string {shown!r}"
+    if isinstance(value, int):
+        return f"integer {value}"
+    if isinstance(value, float):
+        return f"float {value!r}"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    return f"{type(value).__name__} {value}"  # TOML dates and times
+
+
+def _did_you_mean(word: str, options: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+# ---------------------------------------------------------------- value parsers
+# Each takes (value, key) and returns the converted value or raises _Invalid.
+
+
+def _integer(lo: int, hi: int | None = None) -> Parser:
+    bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+
+    def parse(value: Any, key: str) -> int:
+        # bool is an int subclass in Python; `true` for a size is a mistake.
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _Invalid(key, f"expected an integer, got {_describe(value)}")
+        if value < lo or (hi is not None and value > hi):
+            raise _Invalid(key, f"must be {bounds}, got {value}")
+        return value
+
+    return parse
+
+
+def _number(value: Any, key: str) -> float:
+    """A finite number >= 0, int or float, stored as float."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise _Invalid(key, f"expected a number, got {_describe(value)}")
+    if not math.isfinite(value):
+        raise _Invalid(key, f"must be a finite number, got {value}")
+    if value < 0:
+        raise _Invalid(key, f"must be >= 0, got {value}")
+    return float(value)
+
+
+def _boolean(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid(key, f"expected true or false, got {_describe(value)}")
+    return value
+
+
+def _string(value: Any, key: str, wanted: str) -> str:
+    if not isinstance(value, str):
+        raise _Invalid(key, f"expected {wanted}, got {_describe(value)}")
+    return value
+
+
+def _table(value: Any, key: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _Invalid(key, f"expected a table, got {_describe(value)}")
+    return value
+
+
+def _enum(cls: type[NamedEnum]) -> Parser:
+    names = cls.names()
+    valid = ", ".join(names)
+
+    def parse(value: Any, key: str) -> NamedEnum:
+        _string(value, key, f"a string, one of: {valid}")
+        if value not in names:
+            raise _Invalid(
+                key, f"unknown value {value!r}; valid: {valid}{_did_you_mean(value, names)}"
+            )
+        return cls(value)
+
+    return parse
+
+
+def _check_keys(table: dict[str, Any], valid: Iterable[str], prefix: str) -> None:
+    valid = list(valid)
+    for key in table:
+        if key not in valid:
+            raise _Invalid(
+                _join(prefix, key),
+                f"unknown key {key!r}; valid keys: {', '.join(valid)}"
+                f"{_did_you_mean(key, valid)}",
+            )
+
+
+def _require(table: dict[str, Any], key: str, prefix: str, hint: str) -> Any:
+    if key not in table:
+        raise _Invalid(_join(prefix, key), f"missing required key {key!r}; {hint}")
+    return table[key]
+
+
+# ---------------------------------------------------------------- model shapes
+
+
+def _layers(value: Any, key: str) -> str:
+    kinds = ", ".join(f"{letter} ({kind})" for letter, kind in LAYER_KINDS.items())
+    _string(value, key, "a string of layer letters")
+    if not value:
+        raise _Invalid(key, f"must not be empty; one letter a layer: {kinds}")
+    if len(value) > MAX_LAYERS:
+        raise _Invalid(key, f"at most {MAX_LAYERS} layers, got {len(value)}")
+    for position, letter in enumerate(value):
+        if letter not in LAYER_KINDS:
+            raise _Invalid(
+                key,
+                f"bad layer letter {letter!r} at position {position} of {value!r}; "
+                f"valid: {kinds}",
+            )
+    return value
+
+
+# One parser per ModelShape field, so that the checks read as a table.
+_MODEL_FIELDS: dict[str, Parser] = {
+    "layers": _layers,
+    "hidden": _integer(1, 16384),
+    "heads": _integer(1),
+    "kv_heads": _integer(1),
+    "head_dim": _integer(1, 512),
+    "state": _integer(1, 1024),
+    "conv": _integer(2, 16),
+    "expand": _integer(1),
+    "page_size": _integer(1),
+    "dtype": _enum(DType),
+    "kv_slots": _integer(0),  # 0 = sized from the batch
+    "mamba_slots": _integer(0),  # 0 = sized from the batch
+}
+
+
+def _model_table(value: Any, key: str) -> ModelShape:
+    table = _table(value, key)
+    _check_keys(table, _MODEL_FIELDS, key)
+    shape = ModelShape(**{k: _MODEL_FIELDS[k](v, f"{key}.{k}") for k, v in table.items()})
+    _check_model(shape, key)
+    return shape
+
+
+def _check_model(shape: ModelShape, key: str) -> None:
+    """Checks that tie fields together; fields left out count at their defaults."""
+    if shape.heads % shape.kv_heads:
+        raise _Invalid(
+            f"{key}.kv_heads",
+            f"heads ({shape.heads}) must be a multiple of kv_heads ({shape.kv_heads})",
+        )
+    if shape.heads * shape.head_dim > MAX_QUERY_WIDTH:
+        raise _Invalid(
+            f"{key}.heads",
+            f"heads * head_dim = {shape.heads * shape.head_dim} exceeds {MAX_QUERY_WIDTH}",
+        )
+    # The KV pool is allocated in whole pages; a Mamba-only model has none.
+    if shape.attention_layers and shape.kv_slots % shape.page_size:
+        raise _Invalid(
+            f"{key}.kv_slots",
+            f"kv_slots ({shape.kv_slots}) must be a multiple of page_size "
+            f"({shape.page_size}); page size does not divide the slots",
+        )
+
+
+def _model_ref(value: Any, key: str, models: dict[str, ModelShape]) -> ModelShape:
+    if isinstance(value, dict):
+        return _model_table(value, key)
+    _string(value, key, "a model name from [models.*] or an inline table of model fields")
+    if value not in models:
+        defined = ", ".join(models) if models else "none (add a [models.NAME] table)"
+        raise _Invalid(
+            key,
+            f"unknown model {value!r}; defined models: {defined}{_did_you_mean(value, models)}",
+        )
+    return models[value]
+
+
+# ---------------------------------------------------------------- scenario fields
+
+
+def _name(value: Any, key: str) -> str:
+    _string(value, key, "a string")
+    if not _NAME_RE.fullmatch(value):
+        raise _Invalid(key, f"names use only letters, digits, '_', '.' and '-'; got {value!r}")
+    return value
+
+
+_REQUEST_FIELDS: dict[str, Parser] = {"prefix": _integer(1), "new": _integer(1)}
+
+
+def _batch(value: Any, key: str) -> tuple[Request, ...]:
+    if not isinstance(value, list):
+        raise _Invalid(
+            key, f"expected an array of {{ prefix, new }} tables, got {_describe(value)}"
+        )
+    if not value:
+        raise _Invalid(key, "empty batch; give at least one { prefix = N, new = N } request")
+    return tuple(_request(item, f"{key}[{i}]") for i, item in enumerate(value))
+
+
+def _request(value: Any, key: str) -> Request:
+    table = _table(value, key)
+    _check_keys(table, _REQUEST_FIELDS, key)
+    fields = {
+        name: parse(_require(table, name, key, "an integer >= 1"), f"{key}.{name}")
+        for name, parse in _REQUEST_FIELDS.items()
+    }
+    return Request(**fields)
+
+
+_FAULT_KIND = _enum(FaultKind)
+_DELAY_WHERE = _enum(DelayWhere)
+
+
+def _fault(value: Any, key: str) -> Fault:
+    table = _table(value, key)
+    _check_keys(table, ("kind", "us", "where"), key)
+    kind = _FAULT_KIND(table["kind"], f"{key}.kind") if "kind" in table else FaultKind.NONE
+    if kind is FaultKind.NONE:
+        # A delay without kind = "delay" would silently do nothing.
+        for extra in ("us", "where"):
+            if extra in table:
+                raise _Invalid(
+                    f"{key}.{extra}", f"{extra!r} only applies to kind = 'delay'; kind is 'none'"
+                )
+        return Fault()
+    us = _number(_require(table, "us", key, "a delay needs us > 0 (microseconds)"), f"{key}.us")
+    if us == 0:
+        raise _Invalid(f"{key}.us", "a delay needs us > 0 (microseconds), got 0")
+    where = _DELAY_WHERE(table["where"], f"{key}.where") if "where" in table else DelayWhere.EACH
+    return Fault(kind, us, where)
+
+
+def _poison(value: Any, key: str) -> float:
+    """NaN (the default: any read of poisoned memory shows) or a finite number."""
+    wanted = "'nan' or a finite number"
+    if isinstance(value, str):
+        if value.lower() != "nan":
+            raise _Invalid(key, f"expected {wanted}, got {_describe(value)}")
+        return float("nan")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise _Invalid(key, f"expected {wanted}, got {_describe(value)}")
+    if math.isinf(value):  # TOML's own `nan` literal is fine, infinities are not
+        raise _Invalid(key, f"expected {wanted}, got {value}")
+    return float(value)
+
+
+def _tolerance(value: Any, key: str) -> Tolerance:
+    table = _table(value, key)
+    _check_keys(table, ("rtol", "atol"), key)
+    return Tolerance(**{k: _number(v, f"{key}.{k}") for k, v in table.items()})
+
+
+# Scenario fields in file order; "model" needs the file's named models, so the
+# parser for it is filled in per file (see _scenario_fields).
+_SCENARIO_FIELDS: dict[str, Parser] = {
+    "name": _name,
+    "model": _model_ref,
+    "batch": _batch,
+    "backend": _enum(Backend),
+    "fence": _enum(Fence),
+    "waits": _boolean,
+    "fault": _fault,
+    "expect": _enum(Expect),
+    "replays": _integer(1, MAX_REPLAYS),
+    "seed": _integer(0),
+    "poison": _poison,
+    "tolerance": _tolerance,
+}
+
+_REQUIRED_HINTS = {
+    "name": "a unique name of letters, digits, '_', '.' and '-'",
+    "model": "a name from [models.*] or an inline table of model fields",
+    "batch": "an array like [{ prefix = 256, new = 32 }]",
+    "backend": f"valid: {', '.join(Backend.names())}",
+    "expect": f"valid: {', '.join(Expect.names())}",
+}
+
+
+def _scenario_fields(models: dict[str, ModelShape]) -> dict[str, Parser]:
+    return {**_SCENARIO_FIELDS, "model": lambda value, key: _model_ref(value, key, models)}
+
+
+# ---------------------------------------------------------------- the document
+
+
+def _parse_document(document: dict[str, Any], source: str) -> list[Scenario]:
+    _check_keys(document, ("defaults", "models", "scenario"), "")
+    models = {
+        name: _model_table(table, f"models.{name}")
+        for name, table in _table(document.get("models", {}), "models").items()
+    }
+    fields = _scenario_fields(models)
+    defaults = _defaults(_table(document.get("defaults", {}), "defaults"), fields)
+    tables = document.get("scenario", [])
+    if not isinstance(tables, list):
+        raise _Invalid("scenario", f"expected [[scenario]] tables, got {_describe(tables)}")
+    if not tables:
+        raise _Invalid("scenario", "no [[scenario]] tables; a file needs at least one")
+    scenarios = [
+        _scenario(table, f"scenario[{i}]", defaults, fields, source)
+        for i, table in enumerate(tables)
+    ]
+    _check_unique_names(scenarios)
+    return scenarios
+
+
+def _defaults(table: dict[str, Any], fields: dict[str, Parser]) -> dict[str, Any]:
+    """Parse [defaults] once, so a bad default is reported at defaults.KEY."""
+    if "name" in table:
+        raise _Invalid(
+            "defaults.name", "name cannot have a default; each [[scenario]] names itself"
+        )
+    _check_keys(table, (k for k in fields if k != "name"), "defaults")
+    return {k: fields[k](v, f"defaults.{k}") for k, v in table.items()}
+
+
+def _scenario(
+    value: Any,
+    prefix: str,
+    defaults: dict[str, Any],
+    fields: dict[str, Parser],
+    source: str,
+) -> Scenario:
+    table = _table(value, prefix)
+    _check_keys(table, fields, prefix)
+    # Scenario itself has no default fence; files default it to none.
+    values = {
+        "fence": Fence.NONE,
+        **defaults,
+        **{k: fields[k](v, f"{prefix}.{k}") for k, v in table.items()},
+    }
+    for key, hint in _REQUIRED_HINTS.items():
+        _require(values, key, prefix, hint)
+    _check_pools(values["model"], values["batch"], prefix)
+    return Scenario(**values, source=source)
+
+
+def _check_unique_names(scenarios: list[Scenario]) -> None:
+    first_index: dict[str, int] = {}
+    for index, scenario in enumerate(scenarios):
+        if scenario.name in first_index:
+            raise _Invalid(
+                f"scenario[{index}].name",
+                f"duplicate name {scenario.name!r}; already used by "
+                f"scenario[{first_index[scenario.name]}]",
+            )
+        first_index[scenario.name] = index
+
+
+# ---------------------------------------------------------------- pool fit and size
+
+
+def _check_pools(model: ModelShape, batch: tuple[Request, ...], prefix: str) -> None:
+    kv_needed = kv_slots_needed(model, batch)
+    mamba_needed = len(batch) + 1  # slot 0 is reserved
+    if model.attention_layers and model.kv_slots and model.kv_slots < kv_needed:
+        raise _Invalid(
+            f"{prefix}.batch",
+            f"prefix longer than the pool: the batch needs {kv_needed} KV slots "
+            f"(prefix + new of each request in pages of {model.page_size}, plus the padding page) but "
+            f"kv_slots = {model.kv_slots}; raise kv_slots or set it to 0 to size it "
+            "from the batch",
+        )
+    if model.mamba_layers and model.mamba_slots and model.mamba_slots < mamba_needed:
+        raise _Invalid(
+            f"{prefix}.batch",
+            f"the batch of {len(batch)} requests needs {mamba_needed} Mamba slots "
+            f"(slot 0 is reserved) but mamba_slots = {model.mamba_slots}; raise "
+            "mamba_slots or set it to 0 to size it from the batch",
+        )
+    _check_device_bytes(
+        model, model.kv_slots or kv_needed, model.mamba_slots or mamba_needed, prefix
+    )
+
+
+def _check_device_bytes(model: ModelShape, kv_slots: int, mamba_slots: int, prefix: str) -> None:
+    """Refuse shapes no test device holds, before anything tries to allocate them."""
+    elem = ELEM_SIZE[model.dtype]
+    parts = {
+        "KV pool": len(model.attention_layers) * 2 * kv_slots * model.kv_heads
+        * model.head_dim * elem,
+        "Mamba pool": len(model.mamba_layers) * mamba_slots * model.d_inner
+        * (model.state + model.conv - 1) * MAMBA_STATE_ELEM_SIZE,
+        "weights": model.num_layers * 12 * model.hidden * model.hidden * elem,
+    }
+    total = sum(parts.values())
+    if total > DEVICE_BYTES_LIMIT:
+        detail = ", ".join(f"{name} {_gib(size)}" for name, size in parts.items())
+        raise _Invalid(
+            f"{prefix}.model",
+            f"estimated device memory {_gib(total)} ({detail}) exceeds the "
+            f"{_gib(DEVICE_BYTES_LIMIT)} limit; shrink the model or the batch",
+        )
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB"

@@ -1,0 +1,108 @@
+"""The trace both devices record: plain, frozen records of stream-ordered work.
+
+One schema for the CUDA device and the simulator, so that a happens-before
+analysis reads either. Ids are small integers given out by the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+StreamId = int
+EventId = int
+GraphId = int
+
+
+class Pool:
+    """Names of the pools a region can live in (plain strings keep JSON simple)."""
+
+    K = "k"
+    V = "v"
+    CONV = "conv"
+    SSM = "ssm"
+    ALL = (K, V, CONV, SSM)
+
+
+@dataclass(frozen=True)
+class Region:
+    """A set of slots of one pool at one layer (global layer id)."""
+
+    pool: str
+    layer: int
+    start: int  # first slot
+    stop: int  # one past the last slot
+
+    def overlaps(self, other: "Region") -> bool:
+        return (
+            self.pool == other.pool
+            and self.layer == other.layer
+            and self.start < other.stop
+            and other.start < self.stop
+        )
+
+    def __str__(self) -> str:
+        return f"{self.pool}[L{self.layer}, slots {self.start}:{self.stop}]"
+
+
+@dataclass(frozen=True)
+class Copy:
+    stream: StreamId
+    dst: Region
+
+
+@dataclass(frozen=True)
+class Record:
+    stream: StreamId
+    event: EventId
+
+
+@dataclass(frozen=True)
+class Wait:
+    stream: StreamId
+    event: EventId
+    in_graph: bool = False  # captured as a graph node (external event)
+
+
+@dataclass(frozen=True)
+class Access:
+    """A kernel's reads and writes of pool regions, as the model announces them."""
+
+    stream: StreamId
+    reads: tuple[Region, ...]
+    writes: tuple[Region, ...]
+    what: str = ""
+
+
+@dataclass(frozen=True)
+class Delay:
+    stream: StreamId
+    us: float
+
+
+@dataclass(frozen=True)
+class HostSync:
+    pass
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A graph replay: the work captured in the graph, run on `stream` with no Python."""
+
+    stream: StreamId
+    graph: GraphId
+    body: tuple["Op", ...] = field(default=())
+
+
+Op = Union[Copy, Record, Wait, Access, Delay, HostSync, Replay]
+
+
+@dataclass
+class Trace:
+    """An append-only list of ops plus the names of streams, for people to read."""
+
+    ops: list[Op] = field(default_factory=list)
+    stream_names: dict[StreamId, str] = field(default_factory=dict)
+
+    def add(self, op: Op) -> None:
+        self.ops.append(op)

@@ -1,0 +1,282 @@
+"""The scenario-file loader: the default set, every kind of bad file, round trips."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from harness.errors import InputError
+from harness.scenario import (
+    Backend,
+    DelayWhere,
+    DType,
+    Expect,
+    Fault,
+    FaultKind,
+    Fence,
+    ModelShape,
+    Request,
+    Scenario,
+    Tolerance,
+)
+from harness.scenario_file import (
+    _MODEL_FIELDS,
+    _SCENARIO_FIELDS,
+    default_files,
+    load_file,
+    load_files,
+    parse_text,
+)
+
+BAD_DIR = Path(__file__).resolve().parent / "data" / "bad_scenarios"
+EXPECTED = tomllib.loads((BAD_DIR / "EXPECTED.toml").read_text(encoding="utf-8"))
+BAD_FILES = sorted(p.name for p in BAD_DIR.glob("*.toml") if p.name != "EXPECTED.toml")
+
+GOOD = """
+[defaults]
+replays = 50
+seed = 7
+
+[models.tiny]
+layers = "AM"
+hidden = 128
+heads = 2
+kv_heads = 1
+head_dim = 32
+dtype = "fp32"
+kv_slots = 64
+mamba_slots = 3
+
+[[scenario]]
+name = "tiny.full_1"
+model = "tiny"
+batch = [{ prefix = 20, new = 4 }, { prefix = 8, new = 1 }]
+backend = "full"
+fence = "final_event"
+waits = false
+fault = { kind = "delay", us = 12.5, where = "first" }
+expect = "clean"
+replays = 3
+poison = -1
+tolerance = { rtol = 1e-3, atol = 0 }
+
+[[scenario]]
+name = "inline-eager"
+model = { layers = "MMA", state = 8 }
+batch = [{ prefix = 1, new = 1 }]
+backend = "eager"
+expect = "race"
+poison = "nan"
+"""
+
+
+def _error(path: Path) -> InputError:
+    with pytest.raises(InputError) as info:
+        load_file(path)
+    return info.value
+
+
+def _assert_one_line(err: InputError) -> None:
+    assert "\n" not in str(err) and "\r" not in str(err)
+
+
+# ---------------------------------------------------------------- the default set
+
+
+def test_default_set_has_twelve_scenarios():
+    files = default_files()
+    assert [f.name for f in files] == ["default.toml"]
+    scenarios = load_files(files)
+    expected = {}
+    for model in ("attention", "mamba", "hybrid"):
+        expected[f"{model}-full-none"] = Expect.RACE
+        expected[f"{model}-full-final_event"] = Expect.CLEAN
+        expected[f"{model}-breakable-none"] = Expect.CLEAN
+        expected[f"{model}-eager-nowaits"] = Expect.RACE
+    assert {s.name: s.expect for s in scenarios} == expected
+
+
+def test_default_set_shapes_and_settings():
+    layers = {"attention": "AAAA", "mamba": "MMMM", "hybrid": "AMAM"}
+    for s in load_files(default_files()):
+        model, backend, variant = s.name.split("-")
+        assert s.model == ModelShape(layers=layers[model])  # the rest are the defaults
+        assert s.backend is Backend(backend)
+        assert s.fence is (Fence.FINAL_EVENT if variant == "final_event" else Fence.NONE)
+        assert s.waits is (variant != "nowaits")
+        if variant == "nowaits":  # eager controls: one long delay outlasts host launch time
+            assert s.fault == Fault(FaultKind.DELAY, 10000.0, DelayWhere.FIRST)
+        else:
+            assert s.fault == Fault(FaultKind.DELAY, 200.0, DelayWhere.EACH)
+        assert s.batch == (Request(256, 32), Request(128, 16))
+        assert (s.replays, s.seed) == (200, 0)
+        assert s.source == str(default_files()[0])
+
+
+# ---------------------------------------------------------------- bad files
+
+
+def test_every_bad_file_has_an_expectation():
+    assert len(BAD_FILES) >= 25
+    assert set(BAD_FILES) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", BAD_FILES)
+def test_bad_file_is_rejected(name):
+    path = BAD_DIR / name
+    err = _error(path)
+    want = EXPECTED[name]
+    _assert_one_line(err)
+    assert err.source == str(path)
+    assert err.key == want["key"]
+    assert want["message"] in err.message
+    assert name in str(err) and want["key"] in str(err)
+    assert err.exit_code == 2
+
+
+def test_non_utf8_bytes(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('[[scenario]]\nname = "caf\u00e9"\n'.encode("latin-1"))
+    err = _error(path)
+    _assert_one_line(err)
+    assert "latin1.toml" in str(err)
+    assert "not UTF-8" in err.message and "0xe9" in err.message and "line 2" in err.message
+
+
+def test_missing_file(tmp_path):
+    err = _error(tmp_path / "absent.toml")
+    assert "absent.toml" in str(err) and "no such file" in err.message
+
+
+def test_syntax_error_reports_line_and_column():
+    err = _error(BAD_DIR / "syntax_error.toml")
+    assert "TOML syntax error" in err.message and "column" in err.message
+
+
+@pytest.mark.parametrize(
+    "text, key, suggestion",
+    [
+        ('backend = "eagre"', "scenario[0].backend", "did you mean 'eager'?"),
+        ('backend = "Full"', "scenario[0].backend", "did you mean 'full'?"),
+        ("waits = true\nwait = 1", "scenario[0].wait", "did you mean 'waits'?"),
+        ('model = "hybird"', "scenario[0].model", "did you mean 'hybrid'?"),
+    ],
+)
+def test_did_you_mean(text, key, suggestion):
+    base = {
+        "name": '"s"',
+        "model": '"hybrid"',
+        "batch": "[{ prefix = 1, new = 1 }]",
+        "backend": '"full"',
+        "expect": '"race"',
+    }
+    overridden = {line.split(" = ")[0] for line in text.splitlines()}
+    lines = [f"{k} = {v}" for k, v in base.items() if k not in overridden]
+    document = "[models.hybrid]\n\n[[scenario]]\n" + "\n".join(lines) + "\n" + text + "\n"
+    with pytest.raises(InputError) as info:
+        parse_text(document, "inline.toml")
+    assert info.value.key == key
+    assert info.value.message.endswith(f"({suggestion})")
+
+
+def test_unknown_key_lists_valid_keys():
+    err = _error(BAD_DIR / "unknown_scenario_key.toml")
+    assert "valid keys: name, model, batch, backend" in err.message
+
+
+def test_unknown_model_lists_defined_models():
+    text = '[[scenario]]\nname = "s"\nmodel = "x"\nbatch = [{ prefix = 1, new = 1 }]\n'
+    with pytest.raises(InputError, match=r"defined models: none \(add a \[models.NAME\] table\)"):
+        parse_text(text, "inline.toml")
+
+
+# ---------------------------------------------------------------- good files
+
+
+def test_round_trip_of_inline_text(tmp_path):
+    path = tmp_path / "good.toml"
+    path.write_text(GOOD, encoding="utf-8")
+    first, second = load_file(path)
+
+    tiny = ModelShape(
+        layers="AM", hidden=128, heads=2, kv_heads=1, head_dim=32,
+        dtype=DType.FP32, kv_slots=64, mamba_slots=3,
+    )
+    assert first == Scenario(
+        name="tiny.full_1",
+        model=tiny,
+        batch=(Request(20, 4), Request(8, 1)),
+        backend=Backend.FULL,
+        fence=Fence.FINAL_EVENT,
+        expect=Expect.CLEAN,
+        waits=False,
+        fault=Fault(FaultKind.DELAY, 12.5, DelayWhere.FIRST),
+        replays=3,
+        seed=7,
+        poison=-1.0,
+        tolerance=Tolerance(rtol=1e-3, atol=0.0),
+        source=str(path),
+    )
+    assert isinstance(first.poison, float)
+
+    # Defaults fill what the scenario leaves out; dataclass defaults the rest.
+    assert second.model == ModelShape(layers="MMA", state=8)
+    assert (second.replays, second.seed) == (50, 7)
+    assert (second.fence, second.waits, second.fault) == (Fence.NONE, True, Fault())
+    assert math.isnan(second.poison)
+    assert second.tolerance.exact
+
+
+def test_kv_fit_counts_whole_pages():
+    # 20+4 and 8+1 tokens take 2 and 1 pages of 16, plus the padding page:
+    # 64 slots fit, 48 do not.
+    assert len(parse_text(GOOD, "fits.toml")) == 2
+    with pytest.raises(InputError, match="needs 64 KV slots"):
+        parse_text(GOOD.replace("kv_slots = 64", "kv_slots = 48"), "tight.toml")
+
+
+def test_pool_fit_only_checked_for_layers_the_model_has():
+    # An attention-only model ignores mamba_slots; a Mamba-only one kv_slots.
+    attention = GOOD.replace('layers = "AM"', 'layers = "AA"')
+    attention = attention.replace("mamba_slots = 3", "mamba_slots = 1")
+    assert len(parse_text(attention, "a.toml")) == 2
+    mamba = GOOD.replace('layers = "AM"', 'layers = "MM"').replace("kv_slots = 64", "kv_slots = 1")
+    assert len(parse_text(mamba, "m.toml")) == 2
+
+
+def test_duplicate_names_across_files(tmp_path):
+    first = tmp_path / "first.toml"
+    second = tmp_path / "second.toml"
+    first.write_text(GOOD, encoding="utf-8")
+    second.write_text(GOOD.replace('"tiny.full_1"', '"other"'), encoding="utf-8")
+    with pytest.raises(InputError) as info:
+        load_files([first, second])
+    err = info.value
+    _assert_one_line(err)
+    assert err.source == str(second)
+    assert err.key == "scenario[1].name"
+    assert "duplicate name 'inline-eager'" in err.message and str(first) in err.message
+
+
+def test_distinct_files_load_together(tmp_path):
+    first = tmp_path / "first.toml"
+    second = tmp_path / "second.toml"
+    first.write_text(GOOD, encoding="utf-8")
+    second.write_text(GOOD.replace('name = "', 'name = "b-'), encoding="utf-8")
+    names = [s.name for s in load_files([first, second])]
+    assert names == ["tiny.full_1", "inline-eager", "b-tiny.full_1", "b-inline-eager"]
+
+
+def test_validator_tables_cover_the_records():
+    # A field added to ModelShape or Scenario must get a parser here too.
+    assert set(_MODEL_FIELDS) == {f.name for f in dataclasses.fields(ModelShape)}
+    scenario_fields = {f.name for f in dataclasses.fields(Scenario)} - {"source"}
+    assert set(_SCENARIO_FIELDS) == scenario_fields
