@@ -62,6 +62,8 @@ class PageAllocator:
 
     def alloc(self, tokens: int) -> range:
         """Contiguous page-aligned slots for `tokens` tokens."""
+        if tokens < 1:
+            raise ValueError(f"cannot allocate {tokens} tokens")
         pages = math.ceil(tokens / self.page_size)
         for i in range(len(self._free) - pages + 1):
             run = self._free[i : i + pages]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from harness.pipeline import run_scenario
-from harness.scenario import Backend, Expect, Fence
+from harness.scenario import Backend, DelayWhere, Expect, Fault, FaultKind, Fence
 from harness.scenario_file import default_files, load_files
 
 pytestmark = pytest.mark.gpu
@@ -66,6 +66,8 @@ def test_breakable_waits_fire_and_stay_clean(cuda, kind):
     r = run_scenario(s, cuda, replays=500)
     assert r.error is None, r.error
     assert r.tally.stale_replays == 0, dict(r.tally.layer_counts)
-    # Teeth: the same breakable runner with the accessors' waits off races.
-    bad = run_scenario(s.with_overrides(waits=False, expect=Expect.RACE), cuda, replays=50)
+    # Teeth: the same breakable runner with the accessors' waits off races (under a delay
+    # long enough to outlast the eager ops' host launch time, as the eager controls use).
+    long_first = Fault(FaultKind.DELAY, 10_000.0, DelayWhere.FIRST)
+    bad = run_scenario(s.with_overrides(waits=False, fault=long_first), cuda, replays=20)
     assert bad.tally.stale_replays > 0

@@ -79,6 +79,7 @@ class CudaDevice(Device):
         self.torch_device = torch.device("cuda", index)
         torch.cuda.set_device(self.torch_device)
         self._streams: dict[int, CudaStream] = {}
+        self._owned: list[CudaStream] = []  # streams work is enqueued on (not capture streams)
         self.cycles_per_us = self._calibrate_sleep()
 
     # ---- device_module surface ---------------------------------------------------
@@ -92,7 +93,9 @@ class CudaDevice(Device):
         return s
 
     def Stream(self, name: str) -> CudaStream:  # noqa: N802
-        return self._wrap(torch.cuda.Stream(self.torch_device), name)
+        s = self._wrap(torch.cuda.Stream(self.torch_device), name)
+        self._owned.append(s)
+        return s
 
     def Event(self, *, external: bool = False) -> CudaEvent:  # noqa: N802
         return CudaEvent(self, external)
@@ -160,7 +163,7 @@ class CudaDevice(Device):
     def synchronize(self, timeout_s: float = 30.0) -> None:
         """Poll an event on every stream we know, so a stuck replay ends in an error."""
         marks = []
-        for s in self._streams.values():
+        for s in [*self._owned, self.current_stream()]:
             e = torch.cuda.Event()
             e.record(s.raw)
             marks.append(e)

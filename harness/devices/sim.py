@@ -270,6 +270,8 @@ class SimDevice(Device):
         for s in self._streams:  # everything after a host sync is ordered after everything before
             for other in self._streams:
                 s.vc[other.id] = max(s.vc.get(other.id, 0), other.vc.get(other.id, 0))
+        for s in self._streams:  # ...and work enqueued after it starts a new epoch, unordered
+            s.tick()
         self._note(HostSync())
 
     def empty_host(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,322 @@
+"""Load-back bookkeeping (`harness.loadback`) and pool layout / accessors (`harness.pools`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.devices.sim import SimDevice
+from harness.loadback import RING, LayerDoneCounter, SlotReusedEarly, plan_copies, start_loading
+from harness.pipeline import Bench
+from harness.pools import PageAllocator, plan_layout
+from harness.scenario import (
+    Backend,
+    DelayWhere,
+    DType,
+    Expect,
+    Fault,
+    FaultKind,
+    ModelShape,
+    Request,
+    Scenario,
+    kv_slots_needed,
+)
+from harness.trace import Copy, Delay, Pool, Record, Region, Wait
+
+SHAPE = ModelShape(
+    layers="AMAM", hidden=16, heads=2, kv_heads=1, head_dim=8, state=4, conv=3, expand=2,
+    page_size=4, dtype=DType.FP32,
+)
+BATCH = (Request(prefix=5, new=3), Request(prefix=2, new=6))
+
+
+def bench(batch=BATCH) -> Bench:
+    sc = Scenario("loadback", SHAPE, batch, Backend.EAGER, Expect.CLEAN)
+    return Bench.build(sc, SimDevice())
+
+
+def waits(trace) -> list[Wait]:
+    return [op for op in trace.ops if isinstance(op, Wait)]
+
+
+def load(b: Bench, delay_before=lambda layer: 0.0):
+    """Run start_loading on the forward stream under a trace; returns (producer, ops)."""
+    with b.dev.tracing() as t, b.dev.stream(b.forward):
+        producer = start_loading(b.dev, b.counter, b.load, plan_copies(b.layout, b.host, b.pool), delay_before)
+    return producer, t.ops
+
+
+# ---------------------------------------------------------------- LayerDoneCounter
+def test_ring_of_three_producer_cycles():
+    counter = LayerDoneCounter(SimDevice(), 2)
+    assert RING == 3
+    assert [counter.update_producer() for _ in range(4)] == [0, 1, 2, 0]
+
+
+def test_wait_until_without_consumer_enqueues_nothing():
+    dev = SimDevice()
+    counter = LayerDoneCounter(dev, 2)
+    assert counter.consumer_index == -1
+    with dev.tracing() as t:
+        counter.wait_until(0)
+        counter.wait_until(1)
+    assert waits(t) == []
+
+
+def test_wait_until_with_consumer_enqueues_one_wait_for_that_event():
+    dev = SimDevice()
+    counter = LayerDoneCounter(dev, 3)
+    counter.set_consumer(1)
+    fwd = dev.Stream("forward")
+    with dev.tracing() as t, dev.stream(fwd):
+        counter.wait_until(2)
+    assert waits(t) == [Wait(fwd.id, counter.events[1].load_events[2].id)]
+
+
+def test_reset_clears_indices():
+    counter = LayerDoneCounter(SimDevice(), 1)
+    counter.update_producer()
+    counter.set_consumer(0)
+    counter.reset()
+    assert (counter.producer_index, counter.consumer_index) == (-1, -1)
+
+
+def test_update_producer_raises_when_ring_wraps_onto_unfinished_load():
+    dev = SimDevice()
+    counter = LayerDoneCounter(dev, 1)
+    load = dev.Stream("load")
+    assert counter.update_producer() == 0
+    with dev.stream(load):
+        dev.delay(1e6)  # the load stream runs far ahead of the host clock
+        counter.events[0].complete(0)
+    assert not counter.events[0].finish_event.query()
+    counter.update_producer()
+    counter.update_producer()
+    with pytest.raises(SlotReusedEarly):
+        counter.update_producer()
+
+
+def test_update_producer_reuses_set_once_its_load_finished():
+    dev = SimDevice()
+    counter = LayerDoneCounter(dev, 1)
+    load = dev.Stream("load")
+    counter.update_producer()
+    with dev.stream(load):
+        dev.delay(1e6)
+        counter.events[0].complete(0)
+    dev.synchronize()
+    counter.update_producer()
+    counter.update_producer()
+    assert counter.update_producer() == 0
+
+
+def test_start_loading_three_slow_loads_then_wrap_raises():
+    b = bench()
+    slow = lambda layer: 1e6  # noqa: E731
+    with b.dev.stream(b.forward):
+        for _ in range(RING):
+            start_loading(b.dev, b.counter, b.load, b.copies, slow)
+        with pytest.raises(SlotReusedEarly):
+            start_loading(b.dev, b.counter, b.load, b.copies, slow)
+
+
+def test_complete_rejects_out_of_range_layer():
+    counter = LayerDoneCounter(SimDevice(), 2)
+    with pytest.raises(IndexError):
+        counter.events[0].complete(2)
+
+
+# ---------------------------------------------------------------- start_loading
+def expected_layer_ops(b: Bench, layer: int, producer: int) -> list:
+    L = b.load.id
+    if SHAPE.layers[layer] == "A":
+        copies = [
+            Copy(L, Region(pool, layer, r.prefix.start, r.prefix.stop))
+            for r in b.layout.requests
+            for pool in (Pool.K, Pool.V)
+        ]
+    else:
+        first, last = b.layout.requests[0].mamba_slot, b.layout.requests[-1].mamba_slot
+        copies = [Copy(L, Region(pool, layer, first, last + 1)) for pool in (Pool.CONV, Pool.SSM)]
+    return copies + [Record(L, b.counter.events[producer].load_events[layer].id)]
+
+
+def test_start_loading_enqueues_start_handshake_then_per_layer_copies_and_record():
+    b = bench()
+    producer, ops = load(b)
+    start = b.counter.events[producer].start_event.id
+    expected = [Record(b.forward.id, start), Wait(b.load.id, start)]
+    for layer in range(SHAPE.num_layers):
+        expected += expected_layer_ops(b, layer, producer)
+    assert ops == expected
+
+
+def test_start_loading_copies_host_data_into_the_pools():
+    b = bench()
+    with b.dev.stream(b.forward):
+        start_loading(b.dev, b.counter, b.load, plan_copies(b.layout, b.host, b.pool))
+    b.dev.synchronize()
+    for a, lid in enumerate(SHAPE.attention_layers):
+        for r in b.layout.requests:
+            rows = slice(r.host_offset, r.host_offset + len(r.prefix))
+            assert b.pool.kv.k[a, r.prefix.start : r.prefix.stop].equal(b.host.k[a, rows])
+            assert b.pool.kv.v[a, r.prefix.start : r.prefix.stop].equal(b.host.v[a, rows])
+    for m, lid in enumerate(SHAPE.mamba_layers):
+        for i, r in enumerate(b.layout.requests):
+            assert b.pool.mamba.conv[m, r.mamba_slot].equal(b.host.conv[m, i])
+            assert b.pool.mamba.ssm[m, r.mamba_slot].equal(b.host.ssm[m, i])
+
+
+def test_plan_copies_one_list_per_layer_with_views_of_the_pools():
+    b = bench()
+    plan = plan_copies(b.layout, b.host, b.pool)
+    assert [len(c) for c in plan] == [4, 2, 4, 2]  # A: K,V x 2 requests; M: conv, ssm
+    for layer in plan:
+        for c in layer:
+            assert c.dst.shape == c.src.shape
+    kv_k = b.pool.kv.k
+    first = plan[0][0]
+    assert first.dst.data_ptr() == kv_k[0, b.layout.requests[0].prefix.start].data_ptr()
+
+
+def test_start_loading_skips_kv_copies_of_requests_without_prefix():
+    b = bench((Request(prefix=0, new=3), Request(prefix=2, new=2)))
+    _, ops = load(b)
+    kv = [op.dst for op in ops if isinstance(op, Copy) and op.dst.pool in (Pool.K, Pool.V)]
+    r1 = b.layout.requests[1]
+    assert kv == [
+        Region(pool, lid, r1.prefix.start, r1.prefix.stop)
+        for lid in SHAPE.attention_layers
+        for pool in (Pool.K, Pool.V)
+    ]
+
+
+def delays_before_layers(ops) -> dict[int, float]:
+    """Layer -> the Delay seen right before that layer's first copy."""
+    found, pending = {}, None
+    for op in ops:
+        if isinstance(op, Delay):
+            pending = op.us
+        elif isinstance(op, Copy) and pending is not None:
+            found[op.dst.layer] = pending
+            pending = None
+        elif isinstance(op, Record) and pending is not None:
+            pytest.fail("a Delay not followed by a copy")
+    return found
+
+
+def test_delay_each_puts_a_delay_before_every_layer():
+    b = bench()
+    _, ops = load(b, Fault(FaultKind.DELAY, 30.0, DelayWhere.EACH).delay_before)
+    assert delays_before_layers(ops) == {layer: 30.0 for layer in range(SHAPE.num_layers)}
+    assert all(op.stream == b.load.id for op in ops if isinstance(op, Delay))
+
+
+def test_delay_first_puts_one_delay_before_layer_zero():
+    b = bench()
+    _, ops = load(b, Fault(FaultKind.DELAY, 30.0, DelayWhere.FIRST).delay_before)
+    assert delays_before_layers(ops) == {0: 30.0}
+    assert isinstance(ops[2], Delay)  # right after the start handshake
+
+
+def test_custom_delay_schedule_targets_one_layer():
+    b = bench()
+    _, ops = load(b, lambda layer: 7.0 if layer == 2 else 0.0)
+    assert delays_before_layers(ops) == {2: 7.0}
+
+
+def test_no_fault_no_delay():
+    b = bench()
+    _, ops = load(b, Fault().delay_before)
+    assert not any(isinstance(op, Delay) for op in ops)
+
+
+# ---------------------------------------------------------------- pools
+def test_plan_layout_page_aligned_contiguous_and_skips_page_zero():
+    batch = (Request(prefix=5, new=3), Request(prefix=2, new=7), Request(prefix=4, new=4))
+    layout = plan_layout(SHAPE, batch)
+    page = SHAPE.page_size
+    assert layout.kv_slots == kv_slots_needed(SHAPE, batch)
+    used = set()
+    for r, req in zip(layout.requests, batch):
+        assert r.prefix.start % page == 0
+        assert r.prefix.start >= page  # page 0 is padding
+        assert (len(r.prefix), len(r.new)) == (req.prefix, req.new)
+        assert r.prefix.stop == r.new.start  # prefix then new, contiguous
+        slots = set(r.prefix) | set(r.new)
+        assert not slots & used
+        used |= slots
+    assert max(used) < layout.kv_slots
+
+
+def test_plan_layout_mamba_slot_zero_reserved_and_rows_cumulative():
+    layout = plan_layout(SHAPE, BATCH)
+    assert [r.mamba_slot for r in layout.requests] == [1, 2]
+    assert layout.mamba_slots == 3
+    assert [r.host_offset for r in layout.requests] == [0, 5]
+    assert [r.tokens for r in layout.requests] == [range(0, 3), range(3, 9)]
+    assert (layout.total_new, layout.total_prefix) == (9, 7)
+
+
+def test_page_allocator_alloc_is_page_aligned_and_never_page_zero():
+    alloc = PageAllocator(16, 4)
+    a, b = alloc.alloc(5), alloc.alloc(3)
+    assert a == range(4, 9)
+    assert b == range(12, 15)
+    with pytest.raises(MemoryError):
+        alloc.alloc(1)
+
+
+def test_page_allocator_free_makes_pages_reusable():
+    alloc = PageAllocator(16, 4)
+    a = alloc.alloc(8)
+    alloc.alloc(4)
+    with pytest.raises(MemoryError):
+        alloc.alloc(4)
+    alloc.free(a)
+    assert alloc.alloc(8) == a
+
+
+def test_page_allocator_rejects_unaligned_pool():
+    with pytest.raises(ValueError):
+        PageAllocator(10, 4)
+
+
+def accessor_waits(b: Bench) -> list[Wait]:
+    b.counter.set_consumer(0)
+    with b.dev.tracing() as t, b.dev.stream(b.forward):
+        b.pool.kv.get_key_buffer(0)
+        b.pool.kv.get_value_buffer(0)
+        b.pool.mamba_layer_cache(1)
+    return waits(t)
+
+
+def test_accessors_do_not_wait_without_counter():
+    b = bench()
+    b.pool.set_counter(None)
+    assert accessor_waits(b) == []
+
+
+def test_accessors_wait_on_their_layer_event_when_counter_set():
+    b = bench()
+    b.pool.set_counter(b.counter)
+    ev = b.counter.events[0].load_events
+    f = b.forward.id
+    assert accessor_waits(b) == [Wait(f, ev[0].id), Wait(f, ev[0].id), Wait(f, ev[1].id)]
+
+
+def test_set_counter_can_turn_off_kv_or_mamba_waits():
+    b = bench()
+    ev = b.counter.events[0].load_events
+    b.pool.set_counter(b.counter, kv=False)
+    assert accessor_waits(b) == [Wait(b.forward.id, ev[1].id)]
+    b.pool.set_counter(b.counter, mamba=False)
+    assert accessor_waits(b) == [Wait(b.forward.id, ev[0].id)] * 2
+
+
+def test_bare_mamba_pool_accessor_never_waits():
+    b = bench()
+    b.pool.set_counter(b.counter)
+    b.counter.set_consumer(0)
+    with b.dev.tracing() as t:
+        b.pool.mamba.layer_cache(1)
+    assert waits(t) == []
