@@ -48,18 +48,41 @@ def causal_mask(prefix: int, new: int, device: torch.device) -> torch.Tensor:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    """Causal GQA over prefix + new tokens. q [T,H,D], k/v [P+T,KVH,D] -> [T, H*D] fp32."""
+    """Causal GQA over prefix + new tokens. q [T,H,D], k/v [P+T,KVH,D] -> [T, H*D].
+
+    One fused kernel where the backend has one: a layer's pool read must take far
+    less device time than a layer's copy, or the graph itself hides the race.
+    """
     t, h, d = q.shape
-    rep = h // k.shape[1]
-    kf = k.float().repeat_interleave(rep, dim=1)
-    vf = v.float().repeat_interleave(rep, dim=1)
-    scores = torch.einsum("thd,shd->hts", q.float(), kf) / math.sqrt(d)
-    scores = scores.masked_fill(~visible, float("-inf"))
-    out = torch.einsum("hts,shd->thd", scores.softmax(-1), vf)
-    return out.reshape(t, h * d)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=visible, enable_gqa=True
+    )
+    return out.transpose(0, 1).reshape(t, h * d)
 
 
-def mamba_mix(u, conv_state, ssm_state, w: "MambaWeights"):
+class MambaMixWeights:
+    """A Mamba layer's mixing weights in fp32, cast once (not on every replay).
+
+    Also caches a^1..a^T per token count T, the decay powers of the closed-form scan.
+    """
+
+    def __init__(self, w: "MambaWeights"):
+        self.conv_w = w.conv_w.float()
+        self.conv_b = w.conv_b.float()
+        self.w_bc = torch.cat([w.w_b, w.w_c]).float().t().contiguous()  # [d, 2N]
+        self.d_skip = w.d_skip.float()
+        self.log_a = w.log_a
+        self.state = w.w_b.shape[0]
+        self._powers: dict[int, torch.Tensor] = {}
+
+    def powers(self, t: int) -> torch.Tensor:
+        if t not in self._powers:
+            steps = torch.arange(1, t + 1, device=self.log_a.device, dtype=torch.float32)
+            self._powers[t] = torch.exp(steps[:, None, None] * self.log_a[None])  # [T, d, N]
+        return self._powers[t]
+
+
+def mamba_mix(u, conv_state, ssm_state, w: MambaMixWeights):
     """One request's Mamba-style mixing over T new tokens, in fp32.
 
     u [T, d]; conv_state [d, W-1] (the last W-1 inputs); ssm_state [d, N].
@@ -68,17 +91,15 @@ def mamba_mix(u, conv_state, ssm_state, w: "MambaWeights"):
     h_t = a^t (h_0 + sum_{s<=t} a^-s c_s B_s), so it is a few kernels, not T.
     """
     width = w.conv_w.shape[1]
-    xpad = torch.cat([conv_state.float().t(), u.float()], 0)  # [W-1+T, d]
+    xpad = torch.cat([conv_state.t(), u], 0).float()  # [W-1+T, d]
     windows = xpad.unfold(0, width, 1)  # [T, d, W]
-    c = F.silu((windows * w.conv_w.float()).sum(-1) + w.conv_b.float())
+    c = F.silu((windows * w.conv_w).sum(-1) + w.conv_b)
     new_conv = xpad[-(width - 1) :].t()
-    b_t = c @ w.w_b.float().t()  # [T, N]
-    c_t = c @ w.w_c.float().t()
-    steps = torch.arange(1, u.shape[0] + 1, device=u.device, dtype=torch.float32)
-    a_pow = torch.exp(steps[:, None, None] * w.log_a[None])  # a^t, [T, d, N]
+    b_t, c_t = (c @ w.w_bc).split(w.state, dim=1)  # [T, N] each
+    a_pow = w.powers(u.shape[0])  # a^t, [T, d, N]
     incr = c[:, :, None] * b_t[:, None, :] / a_pow
     hs = a_pow * (ssm_state.float()[None] + incr.cumsum(0))
-    y = (hs * c_t[:, None, :]).sum(-1) + w.d_skip.float() * c
+    y = (hs * c_t[:, None, :]).sum(-1) + w.d_skip * c
     return y, new_conv, hs[-1]
 
 
@@ -187,6 +208,9 @@ class HybridModel:
         device = dev.torch_device
         dt = dtype_of(s.dtype)
         self.layers, self.final_norm, self.x = init_weights(layout, seed, device)
+        self.mix_weights = {
+            lid: MambaMixWeights(w) for lid, w in enumerate(self.layers) if isinstance(w, MambaWeights)
+        }
         t = layout.total_new
         # Static workspace: every step writes into these, so graphs can replay them.
         self.h = torch.empty(t, s.hidden, dtype=dt, device=device)
@@ -225,7 +249,7 @@ class HybridModel:
             else:
                 steps += [
                     Step(f"L{lid}.in_proj", lambda w=w: self._in_proj(w), False),
-                    Step(f"L{lid}.mamba", lambda lid=lid, w=w: self._mamba_core(lid, w), True),
+                    Step(f"L{lid}.mamba", lambda lid=lid: self._mamba_core(lid), True),
                     Step(f"L{lid}.out_proj", lambda w=w: self._out_proj(w), False),
                 ]
         steps.append(Step("final_norm", self._final, False))
@@ -267,7 +291,7 @@ class HybridModel:
         self.u.copy_(uz[:, : self.u.shape[1]])
         self.z.copy_(uz[:, self.u.shape[1] :])
 
-    def _mamba_core(self, lid: int, w: MambaWeights) -> None:
+    def _mamba_core(self, lid: int) -> None:
         conv, ssm = self.pool.mamba_layer_cache(lid)  # the hybrid pool's waiting accessor
         regions = self.loaded[lid]
         self.dev.access(reads=regions, writes=regions, what=f"L{lid} mamba")
@@ -277,7 +301,9 @@ class HybridModel:
         d = self.u.shape[1]
         for r in self.layout.requests:
             tok = slice(r.tokens.start, r.tokens.stop)
-            y, new_conv, new_ssm = mamba_mix(self.u[tok], conv[r.mamba_slot], ssm[r.mamba_slot], w)
+            y, new_conv, new_ssm = mamba_mix(
+                self.u[tok], conv[r.mamba_slot], ssm[r.mamba_slot], self.mix_weights[lid]
+            )
             conv[r.mamba_slot].copy_(new_conv)  # prefill updates the state in place
             ssm[r.mamba_slot].copy_(new_ssm)
             self.mix[tok, :d].copy_(y)
