@@ -16,6 +16,7 @@ from harness.errors import HarnessError, InputError
 from harness.oracle import ReplayVerdict
 from harness.pipeline import ScenarioResult, run_scenario
 from harness.scenario import Scenario
+from harness.trace import describe
 
 
 def _positive_int(text: str) -> int:
@@ -121,11 +122,9 @@ def cmd_repro(args: argparse.Namespace) -> int:
     r = run_scenario(s, dev, replays=args.replays, timeout_s=args.timeout,
                      on_replay=lambda i, v: print(_describe_verdict(i, v), flush=True))
     if r.trace is not None:
-        names = r.trace.stream_names
-        print(f"trace of replay 0 ({len(r.trace.ops)} ops):")
+        print(f"trace of the traced warm-up replay ({len(r.trace.ops)} ops):")
         for op in r.trace.ops:
-            stream = names.get(getattr(op, "stream", None), "")
-            print(f"  {stream:8s} {op}")
+            print(describe(op, r.trace.stream_names, "  "))
     print(_line(r))
     return 0 if r.met else 1
 

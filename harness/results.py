@@ -71,7 +71,8 @@ def git_commit() -> str | None:
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
             cwd=Path(__file__).resolve().parent,
         )
-        return out.stdout.strip() or None
+        sha = out.stdout.strip()
+        return sha if len(sha) == 40 and all(c in "0123456789abcdef" for c in sha) else None
     except (OSError, subprocess.SubprocessError):
         return None
 

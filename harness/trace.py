@@ -97,6 +97,29 @@ class Replay:
 Op = Union[Copy, Record, Wait, Access, Delay, HostSync, Replay]
 
 
+def describe(op: "Op", names: dict[StreamId, str], indent: str = "") -> str:
+    """One op in words, for `repro` output."""
+    name = lambda sid: names.get(sid, f"stream{sid}")  # noqa: E731
+    if isinstance(op, Copy):
+        return f"{indent}{name(op.stream)}: H2D copy -> {op.dst}"
+    if isinstance(op, Record):
+        return f"{indent}{name(op.stream)}: record event {op.event}"
+    if isinstance(op, Wait):
+        where = " (graph node)" if op.in_graph else ""
+        return f"{indent}{name(op.stream)}: wait event {op.event}{where}"
+    if isinstance(op, Delay):
+        return f"{indent}{name(op.stream)}: delay {op.us:g} us"
+    if isinstance(op, Access):
+        parts = [f"reads {', '.join(map(str, op.reads))}"] if op.reads else []
+        parts += [f"writes {', '.join(map(str, op.writes))}"] if op.writes and not op.reads else []
+        return f"{indent}{name(op.stream)}: {op.what or 'access'} {'; '.join(parts)}"
+    if isinstance(op, HostSync):
+        return f"{indent}host: synchronize"
+    lines = [f"{indent}{name(op.stream)}: replay graph {op.graph} ({len(op.body)} captured ops)"]
+    lines += [describe(o, names, indent + "    ") for o in op.body]
+    return "\n".join(lines)
+
+
 @dataclass
 class Trace:
     """An append-only list of ops plus the names of streams, for people to read."""

@@ -1,0 +1,18 @@
+"""The default scenario set end to end on the CPU simulator: every expectation met."""
+
+import pytest
+
+from harness.devices.sim import SimDevice
+from harness.pipeline import run_scenario
+from harness.scenario_file import default_files, load_files
+
+DEFAULT = load_files(default_files())
+
+
+@pytest.mark.parametrize("scenario", DEFAULT, ids=[s.name for s in DEFAULT])
+def test_default_scenario_on_the_simulator(scenario):
+    r = run_scenario(scenario, SimDevice(), replays=5)
+    assert r.error is None, r.error
+    assert r.observed == scenario.expect, dict(r.tally.layer_counts)
+    if scenario.expect.value == "race":  # the race is total, not a fluke of one replay
+        assert r.tally.stale_replays == r.tally.replays
