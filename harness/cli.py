@@ -69,7 +69,8 @@ def _line(r: ScenarioResult) -> str:
     return (
         f"{status} {r.scenario.name:34s} expected {r.scenario.expect.value:5s} "
         f"observed {r.observed.value:5s} stale {t.stale_replays:>5d}/{t.replays:<5d} "
-        f"({t.stale_rate:6.1%}) layers {layers:12s} {r.replays_per_s:8.0f} replays/s"
+        f"({t.stale_rate:6.1%}) layers {layers:8s} findings {len(r.findings):3d} "
+        f"{r.replays_per_s:6.0f} replays/s"
     )
 
 
@@ -125,6 +126,9 @@ def cmd_repro(args: argparse.Namespace) -> int:
         print(f"trace of the traced warm-up replay ({len(r.trace.ops)} ops):")
         for op in r.trace.ops:
             print(describe(op, r.trace.stream_names, "  "))
+    print(f"happens-before findings ({len(r.findings)}):")
+    for f in r.findings:
+        print(f"  {f.describe()}")
     print(_line(r))
     return 0 if r.met else 1
 

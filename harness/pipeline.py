@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.analysis import Finding, find_races
 from harness.devices.base import Device
 from harness.errors import HarnessError
 from harness.fences import FENCES, FenceContext
@@ -97,6 +98,7 @@ class ScenarioResult:
     wall_s: float = 0.0
     replay_s: float = 0.0  # the replay loop alone
     trace: Trace | None = None
+    findings: list[Finding] = field(default_factory=list)  # happens-before races in the trace
     device: dict = field(default_factory=dict)
 
     @property
@@ -168,6 +170,7 @@ def run_scenario(
         with dev.tracing() as trace:
             replay()
         result.trace = trace
+        result.findings = find_races(trace)  # structural: shows whether or not timing did
         gc_was_on = gc.isenabled()
         gc.disable()  # a collector pause mid-replay is host jitter the race test need not see
         try:

@@ -57,6 +57,7 @@ def scenario_entry(r: ScenarioResult) -> dict:
         "final_state_stale_replays": t.final_state_replays,
         "output_only_replays": t.output_only_replays,
         "mean_stale_slot_fraction": t.mean_read_fraction,
+        "findings": [f.describe() for f in r.findings],
         "timings": {
             "wall_s": round(r.wall_s, 4),
             "replay_loop_s": round(r.replay_s, 4),

@@ -111,7 +111,7 @@ def describe(op: "Op", names: dict[StreamId, str], indent: str = "") -> str:
         return f"{indent}{name(op.stream)}: delay {op.us:g} us"
     if isinstance(op, Access):
         parts = [f"reads {', '.join(map(str, op.reads))}"] if op.reads else []
-        parts += [f"writes {', '.join(map(str, op.writes))}"] if op.writes and not op.reads else []
+        parts += [f"writes {', '.join(map(str, op.writes))}"] if op.writes else []
         return f"{indent}{name(op.stream)}: {op.what or 'access'} {'; '.join(parts)}"
     if isinstance(op, HostSync):
         return f"{indent}host: synchronize"

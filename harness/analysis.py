@@ -1,0 +1,217 @@
+"""Happens-before race analysis of a recorded `Trace` (pure logic: no torch, no device).
+
+The model is PyTorch's `torch/cuda/_sanitizer.py` (StreamSynchronizations): one
+vector clock per stream. Ops are walked in the order they were enqueued:
+
+- Copy: stamped with (its stream, that stream's current epoch).
+- Record: the event's clock becomes a copy of the stream's clock; the stream ticks.
+- Wait: if the event was ever recorded, the stream's clock becomes the pointwise
+  max of itself and the event's clock; a wait on a never-recorded event does
+  nothing (CUDA completes it at once).
+- HostSync: every stream's clock becomes the max over all streams, then every
+  stream ticks (work enqueued after a sync is ordered after everything before it).
+- Replay(stream=S, body): the body's ops run as if on S, in order; only body
+  waits captured as graph nodes (`in_graph=True`) are honoured.
+- Delay: nothing.
+
+Something stamped (L, e) happens-before work on a stream whose clock C has
+C.get(L, -1) >= e. A pool access unordered with an earlier-enqueued copy to an
+overlapping region is a race (read after write, or write after write), and so
+is a copy unordered with an earlier-enqueued access to an overlapping region
+(write after read, or write after write).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from harness.trace import (
+    Access,
+    Copy,
+    Delay,
+    HostSync,
+    Op,
+    Record,
+    Region,
+    Replay,
+    StreamId,
+    Trace,
+    Wait,
+)
+
+__all__ = ["RaceKind", "Finding", "find_races"]
+
+_Clock = dict[StreamId, int]
+
+
+class RaceKind(enum.Enum):
+    READ_AFTER_WRITE = "read-after-write"  # a read unordered with an earlier copy to it
+    WRITE_AFTER_WRITE = "write-after-write"  # a write and a copy to it, unordered
+    WRITE_AFTER_READ = "write-after-read"  # a copy unordered with an earlier read of it
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One unordered (copy, access) pair, by region and kernel.
+
+    `access_first` is True when the access was enqueued before the copy
+    (WRITE_AFTER_READ always; WRITE_AFTER_WRITE when the write came first).
+    """
+
+    kind: RaceKind
+    copy_stream: str
+    copy_region: Region
+    access_stream: str
+    access_region: Region
+    what: str
+    in_replay: bool
+    access_first: bool = False
+
+    def _who(self) -> str:
+        what = self.what or "an access"
+        where = "graph replay" if self.in_replay else "stream"
+        return f"{what} ({where} on {self.access_stream})"
+
+    def describe(self) -> str:
+        """One sentence a person can act on."""
+        copy = f"the H2D copy on {self.copy_stream}"
+        if not self.access_first:
+            verb = "reads" if self.kind is RaceKind.READ_AFTER_WRITE else "writes"
+            also = "" if self.kind is RaceKind.READ_AFTER_WRITE else "also "
+            op = "read" if self.kind is RaceKind.READ_AFTER_WRITE else "write"
+            return (
+                f"{self._who()} {verb} {self.access_region} unordered with {copy} "
+                f"that {also}writes {self.copy_region}: no event recorded after that copy "
+                f"was waited on by {self.access_stream} before the {op}"
+            )
+        op = "read" if self.kind is RaceKind.WRITE_AFTER_READ else "write"
+        verb = "overwrites" if self.kind is RaceKind.WRITE_AFTER_READ else "also writes"
+        return (
+            f"{copy} {verb} {self.copy_region} unordered with the earlier {op} of "
+            f"{self.access_region} by {self._who()}: no event recorded after that {op} "
+            f"was waited on by {self.copy_stream} before the copy"
+        )
+
+
+@dataclass(frozen=True)
+class _Stamped:
+    stream: StreamId  # the stream it ran on (the replay's stream inside a replay)
+    epoch: int
+    region: Region
+
+
+@dataclass(frozen=True)
+class _StampedAccess(_Stamped):
+    is_write: bool
+    what: str
+    in_replay: bool
+
+
+class _Walker:
+    def __init__(self, trace: Trace):
+        self.names = trace.stream_names
+        self.clocks: dict[StreamId, _Clock] = {}
+        self.events: dict[int, _Clock] = {}
+        self.floor: _Clock = {}  # the clock at the last host sync: where new streams start
+        self.copies: list[_Stamped] = []
+        self.accesses: list[_StampedAccess] = []
+        self.findings: list[Finding] = []
+        self._seen: set[tuple] = set()
+
+    def name(self, sid: StreamId) -> str:
+        return self.names.get(sid, f"stream{sid}")
+
+    def clock(self, sid: StreamId) -> _Clock:
+        c = self.clocks.get(sid)
+        if c is None:
+            c = self.clocks[sid] = dict(self.floor)
+            c.setdefault(sid, 0)
+        return c
+
+    def tick(self, sid: StreamId) -> None:
+        c = self.clock(sid)
+        c[sid] = c.get(sid, 0) + 1
+
+    @staticmethod
+    def ordered(clock: _Clock, s: _Stamped) -> bool:
+        return clock.get(s.stream, -1) >= s.epoch
+
+    def report(self, kind: RaceKind, copy: _Stamped, acc: _StampedAccess, first: bool) -> None:
+        key = (copy.region, acc.what, kind)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.findings.append(
+            Finding(
+                kind=kind,
+                copy_stream=self.name(copy.stream),
+                copy_region=copy.region,
+                access_stream=self.name(acc.stream),
+                access_region=acc.region,
+                what=acc.what,
+                in_replay=acc.in_replay,
+                access_first=first,
+            )
+        )
+
+    def run(self, op: Op, stream: StreamId | None = None, in_replay: bool = False) -> None:
+        """Apply one op; inside a replay `stream` overrides the op's own stream."""
+        if isinstance(op, Delay):
+            return
+        if isinstance(op, HostSync):
+            merged: _Clock = dict(self.floor)
+            for c in self.clocks.values():
+                for sid, e in c.items():
+                    merged[sid] = max(merged.get(sid, e), e)
+            self.floor = merged
+            for sid in self.clocks:
+                self.clocks[sid] = dict(merged)
+                self.tick(sid)
+            return
+        if isinstance(op, Replay):
+            sid = op.stream if stream is None else stream
+            for inner in op.body:
+                self.run(inner, sid, True)
+            return
+        sid = op.stream if stream is None else stream
+        clock = self.clock(sid)
+        if isinstance(op, Record):
+            self.events[op.event] = dict(clock)
+            self.tick(sid)
+        elif isinstance(op, Wait):
+            if in_replay and not op.in_graph:
+                return  # a Python-level wait: a replay never runs it
+            ev = self.events.get(op.event)
+            if ev is not None:
+                for s, e in ev.items():
+                    clock[s] = max(clock.get(s, e), e)
+        elif isinstance(op, Copy):
+            copy = _Stamped(sid, clock[sid], op.dst)
+            for acc in self.accesses:
+                if acc.region.overlaps(copy.region) and not self.ordered(clock, acc):
+                    kind = RaceKind.WRITE_AFTER_WRITE if acc.is_write else RaceKind.WRITE_AFTER_READ
+                    self.report(kind, copy, acc, True)
+            self.copies.append(copy)
+        elif isinstance(op, Access):
+            sides = [(r, False) for r in op.reads] + [(w, True) for w in op.writes]
+            for region, is_write in sides:
+                acc = _StampedAccess(sid, clock[sid], region, is_write, op.what, in_replay)
+                for copy in self.copies:
+                    if copy.region.overlaps(region) and not self.ordered(clock, copy):
+                        kind = RaceKind.WRITE_AFTER_WRITE if is_write else RaceKind.READ_AFTER_WRITE
+                        self.report(kind, copy, acc, False)
+                self.accesses.append(acc)
+        else:  # pragma: no cover - a new op type must be taught here
+            raise TypeError(f"unknown trace op {op!r}")
+
+
+def find_races(trace: Trace) -> list[Finding]:
+    """Every copy/access pair to overlapping regions with no happens-before between them.
+
+    Deduplicated by (copy region, access `what`, kind), in the order first found.
+    """
+    w = _Walker(trace)
+    for op in trace.ops:
+        w.run(op)
+    return w.findings
