@@ -67,6 +67,9 @@ def scenario_entry(r: ScenarioResult) -> dict:
 
 
 def git_commit() -> str | None:
+    """The checkout's commit; CI's GITHUB_SHA where the tree is a copy without git."""
+    if os.environ.get("GITHUB_SHA"):
+        return os.environ["GITHUB_SHA"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
