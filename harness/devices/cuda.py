@@ -178,6 +178,10 @@ class CudaDevice(Device):
             spins += 1
             if spins > 1000:  # long waits: stop burning a core
                 time.sleep(50e-6)
+        # All work has finished, so this returns at once; it makes the host sync visible to
+        # tools that watch CUDA's synchronize calls (PyTorch's CUDA sanitizer), which an
+        # event query is not.
+        torch.cuda.synchronize(self.torch_device)
         self._note(HostSync())
 
     def empty_host(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
