@@ -122,8 +122,8 @@ def ground_truth(b: Bench, timeout_s: float) -> Oracle:
         b.dev.synchronize(timeout_s)
         EagerRunner(b.dev, b.model, b.counter).run()
         b.observe(producer)
-        b.dev.synchronize(timeout_s)
         truth = b.model.probes.arena.clone()
+        b.dev.synchronize(timeout_s)  # the oracle reads truth on whatever stream builds it
     b.counter.set_consumer(-1)
     return Oracle(b.layout, truth, b.scenario.tolerance)
 
