@@ -158,6 +158,9 @@ class CudaDevice(Device):
                 fn()
         finally:
             body, self._capture = self._capture.body, None
+        # Captured work does not run, but tools that model streams (PyTorch's CUDA
+        # sanitizer) treat it as if it had: order the caller after it, as after warm-up.
+        caller.wait_stream(side)
         return CudaGraph(self, graph, graph_id, body)
 
     def synchronize(self, timeout_s: float = 30.0) -> None:
