@@ -1,18 +1,9 @@
 """Happens-before race analysis of a recorded `Trace` (pure logic: no torch, no device).
 
-The model is PyTorch's `torch/cuda/_sanitizer.py` (StreamSynchronizations): one
-vector clock per stream. Ops are walked in the order they were enqueued:
-
-- Copy: stamped with (its stream, that stream's current epoch).
-- Record: the event's clock becomes a copy of the stream's clock; the stream ticks.
-- Wait: if the event was ever recorded, the stream's clock becomes the pointwise
-  max of itself and the event's clock; a wait on a never-recorded event does
-  nothing (CUDA completes it at once).
-- HostSync: every stream's clock becomes the max over all streams, then every
-  stream ticks (work enqueued after a sync is ordered after everything before it).
-- Replay(stream=S, body): the body's ops run as if on S, in order; only body
-  waits captured as graph nodes (`in_graph=True`) are honoured.
-- Delay: nothing.
+Ops are walked in the order they were enqueued, with the stream clocks of
+`harness.clocks` (copies and accesses stamped, records, waits, host syncs).
+Replay(stream=S, body): the body's ops run as if on S, in order; only body waits
+captured as graph nodes (`in_graph=True`) are honoured. Delay: nothing.
 
 Something stamped (L, e) happens-before work on a stream whose clock C has
 C.get(L, -1) >= e. A pool access unordered with an earlier-enqueued copy to an
@@ -26,6 +17,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from harness.clocks import Stamp, StreamClocks
 from harness.trace import (
     Access,
     Copy,
@@ -41,9 +33,6 @@ from harness.trace import (
 )
 
 __all__ = ["RaceKind", "Finding", "find_races"]
-
-_Clock = dict[StreamId, int]
-
 
 class RaceKind(enum.Enum):
     READ_AFTER_WRITE = "read-after-write"  # a read unordered with an earlier copy to it
@@ -95,14 +84,15 @@ class Finding:
 
 
 @dataclass(frozen=True)
-class _Stamped:
-    stream: StreamId  # the stream it ran on (the replay's stream inside a replay)
-    epoch: int
+class _Copy:
+    stamp: Stamp  # its stream is the replay's stream inside a replay
     region: Region
 
 
 @dataclass(frozen=True)
-class _StampedAccess(_Stamped):
+class _Access:
+    stamp: Stamp
+    region: Region
     is_write: bool
     what: str
     in_replay: bool
@@ -111,33 +101,17 @@ class _StampedAccess(_Stamped):
 class _Walker:
     def __init__(self, trace: Trace):
         self.names = trace.stream_names
-        self.clocks: dict[StreamId, _Clock] = {}
-        self.events: dict[int, _Clock] = {}
-        self.floor: _Clock = {}  # the clock at the last host sync: where new streams start
-        self.copies: list[_Stamped] = []
-        self.accesses: list[_StampedAccess] = []
+        self.clocks = StreamClocks()
+        self.events: dict[int, dict[StreamId, int]] = {}
+        self.copies: list[_Copy] = []
+        self.accesses: list[_Access] = []
         self.findings: list[Finding] = []
         self._seen: set[tuple] = set()
 
     def name(self, sid: StreamId) -> str:
         return self.names.get(sid, f"stream{sid}")
 
-    def clock(self, sid: StreamId) -> _Clock:
-        c = self.clocks.get(sid)
-        if c is None:
-            c = self.clocks[sid] = dict(self.floor)
-            c.setdefault(sid, 0)
-        return c
-
-    def tick(self, sid: StreamId) -> None:
-        c = self.clock(sid)
-        c[sid] = c.get(sid, 0) + 1
-
-    @staticmethod
-    def ordered(clock: _Clock, s: _Stamped) -> bool:
-        return clock.get(s.stream, -1) >= s.epoch
-
-    def report(self, kind: RaceKind, copy: _Stamped, acc: _StampedAccess, first: bool) -> None:
+    def report(self, kind: RaceKind, copy: _Copy, acc: _Access, first: bool) -> None:
         key = (copy.region, acc.what, kind)
         if key in self._seen:
             return
@@ -145,9 +119,9 @@ class _Walker:
         self.findings.append(
             Finding(
                 kind=kind,
-                copy_stream=self.name(copy.stream),
+                copy_stream=self.name(copy.stamp.stream),
                 copy_region=copy.region,
-                access_stream=self.name(acc.stream),
+                access_stream=self.name(acc.stamp.stream),
                 access_region=acc.region,
                 what=acc.what,
                 in_replay=acc.in_replay,
@@ -160,14 +134,7 @@ class _Walker:
         if isinstance(op, Delay):
             return
         if isinstance(op, HostSync):
-            merged: _Clock = dict(self.floor)
-            for c in self.clocks.values():
-                for sid, e in c.items():
-                    merged[sid] = max(merged.get(sid, e), e)
-            self.floor = merged
-            for sid in self.clocks:
-                self.clocks[sid] = dict(merged)
-                self.tick(sid)
+            self.clocks.host_sync()
             return
         if isinstance(op, Replay):
             sid = op.stream if stream is None else stream
@@ -175,30 +142,25 @@ class _Walker:
                 self.run(inner, sid, True)
             return
         sid = op.stream if stream is None else stream
-        clock = self.clock(sid)
         if isinstance(op, Record):
-            self.events[op.event] = dict(clock)
-            self.tick(sid)
+            self.events[op.event] = self.clocks.record(sid)
         elif isinstance(op, Wait):
             if in_replay and not op.in_graph:
                 return  # a Python-level wait: a replay never runs it
-            ev = self.events.get(op.event)
-            if ev is not None:
-                for s, e in ev.items():
-                    clock[s] = max(clock.get(s, e), e)
+            self.clocks.wait(sid, self.events.get(op.event))
         elif isinstance(op, Copy):
-            copy = _Stamped(sid, clock[sid], op.dst)
+            copy = _Copy(self.clocks.stamp(sid), op.dst)
             for acc in self.accesses:
-                if acc.region.overlaps(copy.region) and not self.ordered(clock, acc):
+                if acc.region.overlaps(copy.region) and not self.clocks.ordered(sid, acc.stamp):
                     kind = RaceKind.WRITE_AFTER_WRITE if acc.is_write else RaceKind.WRITE_AFTER_READ
                     self.report(kind, copy, acc, True)
             self.copies.append(copy)
         elif isinstance(op, Access):
             sides = [(r, False) for r in op.reads] + [(w, True) for w in op.writes]
             for region, is_write in sides:
-                acc = _StampedAccess(sid, clock[sid], region, is_write, op.what, in_replay)
+                acc = _Access(self.clocks.stamp(sid), region, is_write, op.what, in_replay)
                 for copy in self.copies:
-                    if copy.region.overlaps(region) and not self.ordered(clock, copy):
+                    if copy.region.overlaps(region) and not self.clocks.ordered(sid, copy.stamp):
                         kind = RaceKind.WRITE_AFTER_WRITE if is_write else RaceKind.READ_AFTER_WRITE
                         self.report(kind, copy, acc, False)
                 self.accesses.append(acc)

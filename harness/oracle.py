@@ -102,7 +102,6 @@ class Oracle:
         computed = torch.tensor([u.kind != READ for u in self.units])
         self._tolerant = torch.repeat_interleave(computed, sizes).to(device)
         self.read_units = sum(u.kind == READ for u in self.units)
-        self._unit_index = list(range(len(self.units)))
 
     def stale_mask(self, arena: torch.Tensor) -> torch.Tensor:
         """Device-side: which units differ from ground truth (NaN always differs)."""

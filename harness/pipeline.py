@@ -99,7 +99,6 @@ class ScenarioResult:
     replay_s: float = 0.0  # the replay loop alone
     trace: Trace | None = None
     findings: list[Finding] = field(default_factory=list)  # happens-before races in the trace
-    device: dict = field(default_factory=dict)
 
     @property
     def met(self) -> bool:
@@ -136,7 +135,7 @@ def run_scenario(
     timeout_s: float = 30.0,
     on_replay: ReplayHook | None = None,
 ) -> ScenarioResult:
-    result = ScenarioResult(scenario, device=dev.describe())
+    result = ScenarioResult(scenario)
     t0 = time.perf_counter()
     try:
         b = Bench.build(scenario, dev)

@@ -53,8 +53,12 @@ class BreakableRunner(Runner):
         def close() -> None:
             if segment:
                 fns = [s.fn for s in segment]
-                graph = self.dev.capture(lambda: [f() for f in fns])
-                self.plan.append(graph.replay)
+
+                def run_segment() -> None:
+                    for fn in fns:
+                        fn()
+
+                self.plan.append(self.dev.capture(run_segment).replay)
                 segment.clear()
 
         for step in self.model.steps:

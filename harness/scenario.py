@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 class NamedEnum(str, enum.Enum):
@@ -167,8 +167,6 @@ class Scenario:
         )
 
     def with_overrides(self, **changes) -> "Scenario":
-        from dataclasses import replace
-
         return replace(self, **changes)
 
 

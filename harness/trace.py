@@ -21,7 +21,6 @@ class Pool:
     V = "v"
     CONV = "conv"
     SSM = "ssm"
-    ALL = (K, V, CONV, SSM)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ class Event(abc.ABC):
 
 class Graph(abc.ABC):
     id: int
+    body: Sequence[Op]  # the ops captured into it, for the trace
 
     @abc.abstractmethod
     def replay(self) -> None:
@@ -139,7 +140,6 @@ class Device(abc.ABC):
         self,
         reads: Sequence[Region] = (),
         writes: Sequence[Region] = (),
-        cost_us: float = 0.0,
         what: str = "",
     ) -> None:
         """Announce that the next kernels on the current stream read / write these regions.
@@ -166,9 +166,10 @@ class Device(abc.ABC):
         """Versions and names for reports."""
         return {"device": self.name, "torch": torch.__version__}
 
-    def _replayed(self, stream: Stream, graph_id: int, body: Sequence[Op]) -> None:
+    def _replayed(self, graph: "Graph") -> None:
+        """Trace a replay of `graph` on the current stream (nothing when not tracing)."""
         if self._trace is not None:
-            self._trace.add(Replay(stream.id, graph_id, tuple(body)))
+            self._trace.add(Replay(self.current_stream().id, graph.id, tuple(graph.body)))
 
 
 def dtype_of(name: str) -> torch.dtype:

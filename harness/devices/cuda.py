@@ -64,7 +64,7 @@ class CudaGraph(Graph):
         self.body = body
 
     def replay(self) -> None:
-        self._device._replayed(self._device.current_stream(), self.id, self.body)
+        self._device._replayed(self)
         self.raw.replay()
 
 

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from harness.clocks import Clock, Stamp, StreamClocks
 from harness.devices.base import Device, Event, Graph, Stream, _Capture
 from harness.errors import HarnessError
 from harness.trace import Copy, Delay, HostSync, Record, Region, Wait
@@ -36,14 +37,12 @@ class SimCosts:
     launch_us:      host time to enqueue one op outside a graph.
     replay_us:      host time to launch one graph replay.
     access_us:      device time of the work around one pool access (a layer's core).
-    hbm_gbps:       device memory bandwidth for the bytes an access touches.
     """
 
     bandwidth_gbps: float = 55.0
     launch_us: float = 5.0
     replay_us: float = 10.0
     access_us: float = 20.0
-    hbm_gbps: float = 3000.0
 
 
 class CaptureInvalidated(HarnessError):
@@ -56,15 +55,9 @@ class SimStream(Stream):
         self.id = device._new_id()
         self.name = name
         self.clock = 0.0  # virtual microseconds: when this stream's last op ends
-        self.vc: dict[int, int] = {self.id: 0}  # vector clock, sanitizer-style
 
     def wait_event(self, event: Event) -> None:
         self._device._wait(self, event)  # type: ignore[arg-type]
-
-    def tick(self) -> int:
-        """Bump this stream's own component; returns the new epoch."""
-        self.vc[self.id] = self.vc.get(self.id, 0) + 1
-        return self.vc[self.id]
 
 
 class SimEvent(Event):
@@ -73,7 +66,7 @@ class SimEvent(Event):
         self.id = device._new_id()
         self.external = external
         self.time: float | None = None  # virtual time of completion; None: never recorded
-        self.vc: dict[int, int] = {}
+        self.clock: Clock | None = None  # the stream clock it carries; None: never recorded
 
     def record(self, stream: Stream | None = None) -> None:
         self._device._record(self, stream or self._device.current_stream())  # type: ignore[arg-type]
@@ -91,26 +84,19 @@ class _Pending:
     dst: torch.Tensor
     src: torch.Tensor
     region: Region
-    stream: int
-    epoch: int  # the stream's vector-clock component when the copy was enqueued
+    stamp: Stamp  # its place in the stream order, for happens-before
     lands: float  # virtual time it lands
 
 
 class SimGraph(Graph):
-    def __init__(self, device: "SimDevice", fn: Callable[[], None], body: list):
+    def __init__(self, device: "SimDevice", graph_id: int, fn: Callable[[], None], body: list):
         self._device = device
-        self.id = device._new_id()
+        self.id = graph_id
         self._fn = fn
         self.body = body
 
     def replay(self) -> None:
         self._device._replay(self)
-
-
-@dataclass
-class _State:
-    mode: str = "eager"  # eager | capture | replay
-    stack: list[SimStream] = field(default_factory=list)
 
 
 class SimDevice(Device):
@@ -121,10 +107,11 @@ class SimDevice(Device):
         super().__init__()
         self.costs = costs or SimCosts()
         self.host_clock = 0.0
+        self.clocks = StreamClocks()
         self._streams: list[SimStream] = []
         self._pending: list[_Pending] = []
-        self._state = _State()
-        self._state.stack.append(self.Stream("default"))
+        self._replaying = False  # re-running a graph's Python: only graph-node waits count
+        self._stack: list[SimStream] = [self.Stream("default")]
 
     # ---- device_module surface -------------------------------------------
     def Stream(self, name: str) -> SimStream:  # noqa: N802
@@ -134,26 +121,24 @@ class SimDevice(Device):
         return s
 
     def Event(self, *, external: bool = False) -> SimEvent:  # noqa: N802
-        e = SimEvent(self, external)
-        e._device = self
-        return e
+        return SimEvent(self, external)
 
     def current_stream(self) -> SimStream:
-        return self._state.stack[-1]
+        return self._stack[-1]
 
     @contextlib.contextmanager
     def stream(self, stream: Stream):
-        self._state.stack.append(stream)  # type: ignore[arg-type]
+        self._stack.append(stream)  # type: ignore[arg-type]
         self._name_stream(stream)
         try:
             yield stream
         finally:
-            self._state.stack.pop()
+            self._stack.pop()
 
     # ---- time ---------------------------------------------------------------
     def _launch(self, stream: SimStream, duration: float) -> float:
         """Enqueue `duration` of work on `stream`; returns its start time."""
-        if self._state.mode == "replay":
+        if self._replaying:
             start = stream.clock  # inside a replay the host launched everything at once
         else:
             start = max(stream.clock, self.host_clock)
@@ -169,26 +154,22 @@ class SimDevice(Device):
     def _record(self, event: SimEvent, stream: SimStream) -> None:
         self._launch(stream, 0.0)
         event.time = stream.clock
-        event.vc = dict(stream.vc)
-        stream.tick()
+        event.clock = self.clocks.record(stream.id)
         self._note(Record(stream.id, event.id))
 
     def _wait(self, stream: SimStream, event: SimEvent) -> None:
-        mode = self._state.mode
-        if mode == "replay" and not event.external:
+        if self._replaying and not event.external:
             return  # a Python-level wait: a real replay never runs it
-        if mode == "capture" and not event.external:
+        if self.capturing and not event.external:
             raise CaptureInvalidated(
                 "a plain event was waited on during graph capture "
                 "(CUDA: cudaErrorStreamCaptureInvalidated); use an external event"
             )
-        self._note(Wait(stream.id, event.id, in_graph=mode == "capture"))
+        self._note(Wait(stream.id, event.id, in_graph=self.capturing))
         self._launch(stream, 0.0)
-        if event.time is None:
-            return  # waiting on a never-recorded event completes at once (CUDA semantics)
-        stream.clock = max(stream.clock, event.time)
-        for sid, epoch in event.vc.items():
-            stream.vc[sid] = max(stream.vc.get(sid, 0), epoch)
+        self.clocks.wait(stream.id, event.clock)  # a never-recorded event orders nothing
+        if event.time is not None:
+            stream.clock = max(stream.clock, event.time)
 
     # ---- copies, delays, accesses -----------------------------------------------
     def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region) -> None:
@@ -197,26 +178,23 @@ class SimDevice(Device):
         start = self._launch(stream, 0.0)
         duration = nbytes / (self.costs.bandwidth_gbps * 1e3)  # GB/s -> bytes/us
         stream.clock = start + duration
-        self._pending.append(
-            _Pending(dst, src, region, stream.id, stream.vc[stream.id], stream.clock)
-        )
+        self._pending.append(_Pending(dst, src, region, self.clocks.stamp(stream.id), stream.clock))
         self._note(Copy(stream.id, region))
 
     def delay(self, us: float) -> None:
         self._launch(self.current_stream(), us)
         self._note(Delay(self.current_stream().id, us))
 
-    def access(self, reads=(), writes=(), cost_us: float = 0.0, what: str = "") -> None:
-        super().access(reads, writes, cost_us, what)
+    def access(self, reads=(), writes=(), what: str = "") -> None:
+        super().access(reads, writes, what)
         stream = self.current_stream()
-        start = self._launch(stream, self.costs.access_us + cost_us)
+        start = self._launch(stream, self.costs.access_us)
         regions = tuple(reads) + tuple(writes)
 
         def visible(p: _Pending) -> bool:
             if not any(p.region.overlaps(r) for r in regions):
                 return False
-            ordered = stream.vc.get(p.stream, -1) >= p.epoch
-            return ordered or p.lands <= start
+            return self.clocks.ordered(stream.id, p.stamp) or p.lands <= start
 
         self._land(visible)
 
@@ -238,28 +216,24 @@ class SimDevice(Device):
                 fn()
         graph_id = self._new_id()
         self._capture = _Capture(graph_id, [])
-        self._state.mode = "capture"
         try:
             with self.stream(side):
                 fn()
         finally:
             body, self._capture = self._capture.body, None
-            self._state.mode = "eager"
-        g = SimGraph(self, fn, body)
-        g.id = graph_id
-        return g
+        return SimGraph(self, graph_id, fn, body)
 
     def _replay(self, graph: SimGraph) -> None:
+        self._replayed(graph)
         stream = self.current_stream()
-        self._replayed(stream, graph.id, graph.body)
         stream.clock = max(stream.clock, self.host_clock)
         self.host_clock += self.costs.replay_us
         prev_trace, self._trace = self._trace, None  # the replay is traced as one op
-        self._state.mode = "replay"
+        self._replaying = True
         try:
             graph._fn()
         finally:
-            self._state.mode = "eager"
+            self._replaying = False
             self._trace = prev_trace
 
     # ---- host ----------------------------------------------------------------
@@ -267,11 +241,7 @@ class SimDevice(Device):
         # Virtual time always finishes; the timeout matters only on real devices.
         self._advance_host(max(s.clock for s in self._streams))
         self._land(lambda p: True)
-        for s in self._streams:  # everything after a host sync is ordered after everything before
-            for other in self._streams:
-                s.vc[other.id] = max(s.vc.get(other.id, 0), other.vc.get(other.id, 0))
-        for s in self._streams:  # ...and work enqueued after it starts a new epoch, unordered
-            s.tick()
+        self.clocks.host_sync()
         self._note(HostSync())
 
     def empty_host(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
