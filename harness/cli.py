@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--replays", type=_positive_int, help="replays per scenario (overrides the files)")
         sp.add_argument("--timeout", type=float, default=30.0,
                         help="seconds a replay may take before it is an error (default 30)")
+        sp.add_argument("--sim-cost", dest="sim_costs", action="append", default=[], metavar="KEY=VALUE",
+                        help="simulator cost model setting, e.g. launch_us=5 (repeatable; see SimCosts)")
 
     run = sub.add_parser("run", help="run scenario files (default: scenarios/*.toml)")
     run.add_argument("files", nargs="*", type=Path, help="scenario TOML files")
@@ -78,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.results import build_results, write_results
 
     scenarios = _load(args.files)
-    dev = open_device(args.device)
+    dev = open_device(args.device, args.sim_costs)
     print(f"device: {dev.name}  scenarios: {len(scenarios)}", flush=True)
     started = time.time()
     results = []
@@ -118,7 +120,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     s = scenarios[args.name]
     if args.seed is not None:
         s = s.with_overrides(seed=args.seed)
-    dev = open_device(args.device)
+    dev = open_device(args.device, args.sim_costs)
     print(f"device: {dev.name}  scenario: {s.name}  {s.describe()}  seed {s.seed}")
     r = run_scenario(s, dev, replays=args.replays, timeout_s=args.timeout,
                      on_replay=lambda i, v: print(_describe_verdict(i, v), flush=True))

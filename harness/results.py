@@ -25,16 +25,16 @@ from harness.pipeline import ScenarioResult
 SCHEMA_VERSION = 1
 
 
-def _plain(obj):
+def as_plain(obj):
     """Dataclasses, enums and tuples to JSON-ready values (NaN poison as a string)."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: as_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, (list, tuple)):
-        return [_plain(x) for x in obj]
+        return [as_plain(x) for x in obj]
     if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
+        return {str(k): as_plain(v) for k, v in obj.items()}
     if isinstance(obj, float) and not math.isfinite(obj):
         return str(obj)
     return obj
@@ -44,7 +44,7 @@ def scenario_entry(r: ScenarioResult) -> dict:
     t = r.tally
     return {
         "name": r.scenario.name,
-        "definition": _plain(r.scenario),
+        "definition": as_plain(r.scenario),
         "expect": r.scenario.expect.value,
         "observed": r.observed.value if r.observed else None,
         "met": r.met,

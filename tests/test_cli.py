@@ -121,3 +121,19 @@ def test_repro_unknown_name_suggests_and_exits_2(tiny, capsys):
     assert main(["repro", "tiny-full-nne", "--file", str(tiny), "--device", "sim"]) == 2
     err = capsys.readouterr().err
     assert "did you mean 'tiny-full-none'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_sim_costs_are_set_from_the_command_line(tiny, tmp_path, capsys):
+    # A host launch cost so high that every copy lands before the replay reads it:
+    # the race no longer shows in the data (the analyser still finds it).
+    args = ["run", str(tiny), "--device", "sim", "--out", str(tmp_path), "--sim-cost", "launch_us=100000"]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "tiny-full-none" in out and "observed clean" in out
+
+
+@pytest.mark.parametrize("setting", ["nope=1", "launch_us=-1", "launch_us=abc", "launch_us"])
+def test_bad_sim_cost_is_one_line_exit_2(tiny, setting, capsys):
+    assert main(["run", str(tiny), "--device", "sim", "--sim-cost", setting]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("fence-harness: --sim-cost")

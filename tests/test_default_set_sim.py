@@ -16,3 +16,11 @@ def test_default_scenario_on_the_simulator(scenario):
     assert r.observed == scenario.expect, dict(r.tally.layer_counts)
     if scenario.expect.value == "race":  # the race is total, not a fluke of one replay
         assert r.tally.stale_replays == r.tally.replays
+
+
+def test_same_seed_same_verdicts_and_same_trace():
+    scenario = next(s for s in DEFAULT if s.name == "hybrid-full-none")
+    a, b = (run_scenario(scenario, SimDevice(), replays=3) for _ in range(2))
+    assert a.tally == b.tally
+    assert a.trace.ops == b.trace.ops and a.trace.stream_names == b.trace.stream_names
+    assert a.findings == b.findings

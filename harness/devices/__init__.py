@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from harness.devices.base import Device, Event, Graph, Stream, dtype_of
 from harness.errors import InputError
 
 DEVICE_NAMES = ("auto", "cuda", "sim")
 
 
-def open_device(name: str) -> Device:
-    """Open the named device; `auto` picks CUDA when torch sees one, else the simulator."""
+def open_device(name: str, sim_costs: Sequence[str] = ()) -> Device:
+    """Open the named device; `auto` picks CUDA when torch sees one, else the simulator.
+
+    `sim_costs` are `KEY=VALUE` settings of the simulator's cost model.
+    """
     if name not in DEVICE_NAMES:
         raise InputError("--device", "", f"unknown device '{name}'; valid: {', '.join(DEVICE_NAMES)}")
     if name == "auto":
@@ -20,9 +25,9 @@ def open_device(name: str) -> Device:
         from harness.devices.cuda import CudaDevice
 
         return CudaDevice()
-    from harness.devices.sim import SimDevice
+    from harness.devices.sim import SimCosts, SimDevice
 
-    return SimDevice()
+    return SimDevice(SimCosts.from_settings(sim_costs))
 
 
 __all__ = ["Device", "Event", "Graph", "Stream", "dtype_of", "open_device", "DEVICE_NAMES"]

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from harness.clocks import Clock, Stamp, StreamClocks
 from harness.devices.base import Device, Event, Graph, Stream, _Capture
-from harness.errors import HarnessError
+from harness.errors import HarnessError, InputError
 from harness.trace import Copy, Delay, HostSync, Record, Region, Wait
 
 
@@ -43,6 +43,24 @@ class SimCosts:
     launch_us: float = 5.0
     replay_us: float = 10.0
     access_us: float = 20.0
+
+    @classmethod
+    def from_settings(cls, settings: Sequence[str], source: str = "--sim-cost") -> "SimCosts":
+        """`KEY=VALUE` strings (from the command line) over the defaults."""
+        names = [f.name for f in fields(cls)]
+        values = {}
+        for item in settings:
+            key, sep, text = item.partition("=")
+            if key not in names:
+                raise InputError(source, key or item, f"unknown cost; valid: {', '.join(names)} (as KEY=VALUE)")
+            try:
+                value = float(text) if sep else float("nan")
+            except ValueError:
+                value = float("nan")
+            if not value > 0 or value == float("inf"):
+                raise InputError(source, key, f"expected a positive number, got '{text}'")
+            values[key] = value
+        return cls(**values)
 
 
 class CaptureInvalidated(HarnessError):

@@ -1,0 +1,89 @@
+"""Cross-check the analyser against PyTorch's CUDA sanitizer, on a GPU.
+
+    python -m harness.sanitizer_check [--replays N]
+
+`torch.cuda._sanitizer` watches kernels launched from Python, so it sees the
+eager and breakable races and cannot see inside a graph replay. Each case runs in
+its own process, because the sanitizer cannot be turned off once it is on: first
+without it (the harness's verdict and the analyser's findings on the CUDA trace),
+then with it. Prints a Markdown table; exit 1 if the two disagree on a case the
+sanitizer can see (no graph replay), 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+# (scenario of the default set, accessor waits on?)
+CASES = [
+    (f"{kind}-{variant}", waits)
+    for kind in ("attention", "mamba", "hybrid")
+    for variant, waits in (("eager-nowaits", True), ("eager-nowaits", False), ("breakable-none", True),
+                           ("breakable-none", False), ("full-none", True), ("full-final_event", True))
+]
+
+
+def _one(name: str, waits: bool, replays: int) -> dict:
+    from harness.devices.cuda import CudaDevice
+    from harness.pipeline import run_scenario
+    from harness.scenario import DelayWhere, Fault, FaultKind
+    from harness.scenario_file import default_files, load_files
+
+    scenario = {s.name: s for s in load_files(default_files())}[name].with_overrides(waits=waits)
+    if not waits:  # outlast the eager ops' host launch time, as the eager controls do
+        scenario = scenario.with_overrides(fault=Fault(FaultKind.DELAY, 10_000.0, DelayWhere.FIRST))
+    dev = CudaDevice()
+    plain = run_scenario(scenario, dev, replays=replays)
+    import torch.cuda._sanitizer as sanitizer
+
+    sanitizer.enable_cuda_sanitizer()
+    try:
+        run_scenario(scenario, dev, replays=replays)
+        flagged = False
+    except Exception as e:  # noqa: BLE001 - CUDASanitizerErrors: the sanitizer's verdict
+        flagged = type(e).__name__ == "CUDASanitizerErrors"
+        if not flagged:
+            raise
+    return {
+        "name": name, "waits": waits, "backend": scenario.backend.value,
+        "stale": f"{plain.tally.stale_replays}/{plain.tally.replays}",
+        "findings": len(plain.findings), "sanitizer_flags": flagged, "error": plain.error,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.sanitizer_check", description=__doc__.splitlines()[0])
+    p.add_argument("--replays", type=int, default=3)
+    p.add_argument("--one", nargs=2, metavar=("NAME", "on|off"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.one:
+        print(json.dumps(_one(args.one[0], args.one[1] == "on", args.replays)))
+        return 0
+    rows, disagree = [], 0
+    for name, waits in CASES:
+        proc = subprocess.run(
+            [sys.executable, "-m", "harness.sanitizer_check", "--replays", str(args.replays),
+             "--one", name, "on" if waits else "off"],
+            capture_output=True, text=True,
+        )
+        if proc.returncode:
+            print(f"{name} waits={waits}: failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+            return 2
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    print("| scenario | accessor waits | harness stale | analyser findings | sanitizer | agree |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        sees = r["backend"] != "full"  # the sanitizer cannot see into a graph replay
+        agree = (r["findings"] > 0) == r["sanitizer_flags"]
+        disagree += sees and not agree
+        verdict = "flags" if r["sanitizer_flags"] else "silent"
+        print(f"| {r['name']} | {'on' if r['waits'] else 'off'} | {r['stale']} | {r['findings']} | {verdict} "
+              f"| {'yes' if agree else ('no' if sees else 'no (cannot see replays)')} |")
+    return 1 if disagree else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
