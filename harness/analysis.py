@@ -63,24 +63,14 @@ class Finding:
         return f"{what} ({where} on {self.access_stream})"
 
     def describe(self) -> str:
-        """One sentence a person can act on."""
-        copy = f"the H2D copy on {self.copy_stream}"
-        if not self.access_first:
-            verb = "reads" if self.kind is RaceKind.READ_AFTER_WRITE else "writes"
-            also = "" if self.kind is RaceKind.READ_AFTER_WRITE else "also "
-            op = "read" if self.kind is RaceKind.READ_AFTER_WRITE else "write"
-            return (
-                f"{self._who()} {verb} {self.access_region} unordered with {copy} "
-                f"that {also}writes {self.copy_region}: no event recorded after that copy "
-                f"was waited on by {self.access_stream} before the {op}"
-            )
-        op = "read" if self.kind is RaceKind.WRITE_AFTER_READ else "write"
-        verb = "overwrites" if self.kind is RaceKind.WRITE_AFTER_READ else "also writes"
-        return (
-            f"{copy} {verb} {self.copy_region} unordered with the earlier {op} of "
-            f"{self.access_region} by {self._who()}: no event recorded after that {op} "
-            f"was waited on by {self.copy_stream} before the copy"
-        )
+        """One sentence a person can act on: the later side, the earlier one, the missing edge."""
+        verb = "reads" if self.kind is RaceKind.READ_AFTER_WRITE else "writes"
+        access = f"{self._who()} {verb} {self.access_region}"
+        copy_verb = "overwrites" if self.kind is RaceKind.WRITE_AFTER_READ else "writes"
+        copy = f"the H2D copy on {self.copy_stream} that {copy_verb} {self.copy_region}"
+        first, later, waiter = (access, copy, self.copy_stream) if self.access_first else (
+            copy, access, self.access_stream)
+        return f"{later}, but nothing orders it after {first}: {waiter} waited on no event recorded after that"
 
 
 @dataclass(frozen=True)
