@@ -3,7 +3,7 @@
 Ops are walked in the order they were enqueued, with the stream clocks of
 `harness.clocks` (copies and accesses stamped, records, waits, host syncs).
 Replay(stream=S, body): the body's ops run as if on S, in order; only body waits
-captured as graph nodes (`in_graph=True`) are honoured. Delay: nothing.
+captured as graph nodes (`in_graph=True`) are honoured. Delay and Hold: nothing.
 
 Something stamped (L, e) happens-before work on a stream whose clock C has
 C.get(L, -1) >= e. A pool access unordered with an earlier-enqueued copy to an
@@ -22,6 +22,7 @@ from harness.trace import (
     Access,
     Copy,
     Delay,
+    Hold,
     HostSync,
     Op,
     Record,
@@ -121,8 +122,8 @@ class _Walker:
 
     def run(self, op: Op, stream: StreamId | None = None, in_replay: bool = False) -> None:
         """Apply one op; inside a replay `stream` overrides the op's own stream."""
-        if isinstance(op, Delay):
-            return
+        if isinstance(op, (Delay, Hold)):
+            return  # a hold or a spin delays a stream; it orders nothing
         if isinstance(op, HostSync):
             self.clocks.host_sync()
             return

@@ -1,7 +1,8 @@
-"""fence-harness: run scenario files, or reproduce one scenario replay by replay.
+"""fence-harness: run scenario files, reproduce one scenario, or run the mutant kill matrix.
 
-Exit codes: 0 every scenario met its expectation; 1 one did not (or errored);
-2 bad input or no usable device (one line on stderr, no traceback).
+Exit codes: 0 every scenario met its expectation; 1 one did not (or errored),
+or a mutant survived / a correct variant was flagged; 2 bad input or no usable
+device (one line on stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from harness.devices import DEVICE_NAMES, open_device
 from harness.errors import HarnessError, InputError
 from harness.oracle import ReplayVerdict
 from harness.pipeline import ScenarioResult, run_scenario
+from harness.plugins import Kind, resolve
 from harness.scenario import Scenario
 from harness.trace import describe
 
@@ -41,6 +43,14 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds a replay may take before it is an error (default 30)")
         sp.add_argument("--sim-cost", dest="sim_costs", action="append", default=[], metavar="KEY=VALUE",
                         help="simulator cost model setting, e.g. launch_us=5 (repeatable; see SimCosts)")
+        for kind in Kind:
+            sp.add_argument(f"--{kind.value}", metavar="NAME", dest=kind.value,
+                            help=f"{kind.value} for every scenario: a built-in name or package.module:callable")
+
+    mutants = sub.add_parser("mutants", help="run the mutant kill matrix (default: scenarios/mutants/*.toml)")
+    mutants.add_argument("files", nargs="*", type=Path, help="kill-matrix scenario files")
+    mutants.add_argument("--out", type=Path, default=Path("reports"), help="where results.json goes")
+    common(mutants)
 
     run = sub.add_parser("run", help="run scenario files (default: scenarios/*.toml)")
     run.add_argument("files", nargs="*", type=Path, help="scenario TOML files")
@@ -56,15 +66,23 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load(files: list[Path]) -> list[Scenario]:
+def _load(files: list[Path], args: argparse.Namespace, default: list[Path] | None = None) -> list[Scenario]:
+    """The scenarios of the files, with the command line's fence / accessor / schedule."""
     from harness.scenario_file import default_files, load_files
 
-    return load_files(files or default_files())
+    scenarios = load_files(files or default or default_files())
+    overrides = {}
+    for kind in Kind:
+        name = getattr(args, kind.value, None)
+        if name is not None:
+            resolve(kind, name, f"--{kind.value}", kind.value)  # one-line error, exit 2
+            overrides[kind.value] = name
+    return [s.with_overrides(**overrides) for s in scenarios] if overrides else scenarios
 
 
-def _line(r: ScenarioResult) -> str:
+def _line(r: ScenarioResult, status: str | None = None) -> str:
     t = r.tally
-    status = "ok  " if r.met else "FAIL"
+    status = status or ("ok  " if r.met else "FAIL")
     if r.error:
         return f"{status} {r.scenario.name:34s} expected {r.scenario.expect.value:5s}  error: {r.error}"
     layers = ",".join(str(k) for k in sorted(t.layer_counts)) or "-"
@@ -79,20 +97,58 @@ def _line(r: ScenarioResult) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from harness.results import build_results, write_results
 
-    scenarios = _load(args.files)
+    scenarios = _load(args.files, args)
     dev = open_device(args.device, args.sim_costs)
+    results, started = _run_all(scenarios, dev, args)
+    doc = build_results(results, dev.describe(), started, time.time())
+    path = write_results(args.out, doc)
+    met = sum(r.met for r in results)
+    print(f"{met}/{len(results)} scenarios met their expectation; results: {path}")
+    return 0 if met == len(results) else 1
+
+
+def _run_all(
+    scenarios: list[Scenario], dev, args: argparse.Namespace, status=None
+) -> tuple[list[ScenarioResult], float]:
+    """Run each scenario, one line each; `status(result)` overrides the ok / FAIL column."""
     print(f"device: {dev.name}  scenarios: {len(scenarios)}", flush=True)
     started = time.time()
     results = []
     for s in scenarios:
         r = run_scenario(s, dev, replays=args.replays, timeout_s=args.timeout)
         results.append(r)
-        print(_line(r), flush=True)
-    doc = build_results(results, dev.describe(), started, time.time())
+        print(_line(r, status(r) if status else None), flush=True)
+        if r.fault_mode and "fallback" in r.fault_mode:
+            print(f"     note: {r.fault_mode}", flush=True)
+    return results, started
+
+
+def cmd_mutants(args: argparse.Namespace) -> int:
+    from harness.mutants import Role, classify, matrix_ok
+    from harness.results import as_plain, build_results, write_results
+    from harness.scenario_file import SCENARIO_DIR
+
+    scenarios = _load(args.files, args, sorted((SCENARIO_DIR / "mutants").glob("*.toml")))
+    dev = open_device(args.device, args.sim_costs)
+    results, started = _run_all(scenarios, dev, args, lambda r: f"{classify(r).outcome.value:8s}")
+    rows = [classify(r) for r in results]
+    print("\nkill matrix (evidence: data = stale replays, analysis = happens-before findings):")
+    for row in rows:
+        evidence = "+".join(row.evidence) or "-"
+        print(f"  {row.outcome.value.upper():8s} {row.role.value:7s} {row.name:40s} "
+              f"stale {row.stale_replays}/{row.replays} findings {row.findings} evidence {evidence}")
+    mutants = [r for r in rows if r.role is Role.MUTANT]
+    correct = [r for r in rows if r.role is Role.CORRECT]
+    killed = sum(r.ok for r in mutants)
+    clean = sum(r.ok for r in correct)
+    section = {"mutants": {"matrix": [
+        {**as_plain(row), "stale_rate": row.stale_rate} for row in rows
+    ]}}
+    doc = build_results(results, dev.describe(), started, time.time(), section)
     path = write_results(args.out, doc)
-    met = sum(r.met for r in results)
-    print(f"{met}/{len(results)} scenarios met their expectation; results: {path}")
-    return 0 if met == len(results) else 1
+    print(f"{killed}/{len(mutants)} mutants killed, {clean}/{len(correct)} correct variants clean; "
+          f"results: {path}")
+    return 0 if matrix_ok(rows) else 1
 
 
 def _describe_verdict(i: int, v: ReplayVerdict) -> str:
@@ -110,7 +166,7 @@ def _describe_verdict(i: int, v: ReplayVerdict) -> str:
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
-    scenarios = {s.name: s for s in _load(args.files)}
+    scenarios = {s.name: s for s in _load(args.files, args)}
     if args.name not in scenarios:
         import difflib
 
@@ -138,7 +194,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "repro": cmd_repro}[args.command](args)
+        return {"run": cmd_run, "repro": cmd_repro, "mutants": cmd_mutants}[args.command](args)
     except HarnessError as e:
         print(f"fence-harness: {e}", file=sys.stderr)
         return e.exit_code

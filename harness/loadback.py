@@ -13,13 +13,12 @@ the host never blocks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from harness.devices.base import Device, Event, Stream
+from harness.devices.base import Device, Event
 from harness.errors import HarnessError
 from harness.trace import Region
 
@@ -85,10 +84,6 @@ class LayerDoneCounter:
         self.consumer_index = -1
 
 
-# A load-back schedule: (layer id) -> microseconds to hold the load stream before its copy.
-DelaySchedule = Callable[[int], float]
-
-
 @dataclass(frozen=True)
 class LayerCopy:
     dst: torch.Tensor  # a view of a device pool
@@ -96,58 +91,55 @@ class LayerCopy:
     region: Region
 
 
-def plan_copies(layout: "Layout", host: "HostPool", pool: "HybridPool") -> list[list[LayerCopy]]:
+# plan[layer][chunk] -> the copies of that chunk of that layer
+CopyPlan = list[list[list[LayerCopy]]]
+
+
+def _split(n: int, parts: int) -> list[slice]:
+    """`parts` contiguous, nearly equal, non-empty slices of range(n) (fewer if n < parts)."""
+    parts = max(1, min(parts, n))
+    bounds = [n * i // parts for i in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def plan_copies(
+    layout: "Layout", host: "HostPool", pool: "HybridPool", chunks: int = 1
+) -> CopyPlan:
     """Each layer's H2D copies, as views, built once so a load op only enqueues them.
 
     Attention layers copy K and V per request (each request's prefix is contiguous
     on both sides); Mamba layers copy the batch's conv and SSM state slots at once.
+    With `chunks` > 1 every copy is split along its slots, chunk by chunk, so a
+    fault can hold the stream between the parts of one layer.
     """
-    from harness.pools import prefix_regions
-
-    plan = []
+    plan: CopyPlan = []
     for layer in range(layout.shape.num_layers):
-        regions = prefix_regions(layout, layer)
-        copies = []
-        if layout.shape.layers[layer] == "A":
-            a = pool.kv.layer_index[layer]
-            loaded = [r for r in layout.requests if len(r.prefix)]
-            for r, rk, rv in zip(loaded, regions[0::2], regions[1::2]):
-                rows = slice(r.host_offset, r.host_offset + len(r.prefix))
-                dst = slice(r.prefix.start, r.prefix.stop)
-                copies.append(LayerCopy(pool.kv.k[a, dst], host.k[a, rows], rk))
-                copies.append(LayerCopy(pool.kv.v[a, dst], host.v[a, rows], rv))
-        else:
-            m = pool.mamba.layer_index[layer]
-            first = layout.requests[0].mamba_slot
-            dst = slice(first, first + len(layout.requests))
-            rc, rs = regions
-            copies.append(LayerCopy(pool.mamba.conv[m, dst], host.conv[m], rc))
-            copies.append(LayerCopy(pool.mamba.ssm[m, dst], host.ssm[m], rs))
-        plan.append(copies)
+        parts: list[list[LayerCopy]] = [[] for _ in range(chunks)]
+        for dst, src, region in _layer_copies(layout, host, pool, layer):
+            for c, part in enumerate(_split(region.stop - region.start, chunks)):
+                sub = Region(region.pool, region.layer, region.start + part.start, region.start + part.stop)
+                parts[c].append(LayerCopy(dst[part], src[part], sub))
+        plan.append([p for p in parts if p])
     return plan
 
 
-def start_loading(
-    dev: Device,
-    counter: LayerDoneCounter,
-    load_stream: Stream,
-    plan: list[list[LayerCopy]],
-    delay_before: DelaySchedule = lambda layer: 0.0,
-) -> int:
-    """Enqueue one load op; returns the producer index (the batch's consumer index).
+def _layer_copies(layout: "Layout", host: "HostPool", pool: "HybridPool", layer: int):
+    """(device view, host view, region) of each whole copy of one layer."""
+    from harness.pools import prefix_regions
 
-    Called on the scheduling (forward) stream, as the engine's `start_loading` is.
-    """
-    producer = counter.update_producer()
-    op = counter.events[producer]
-    op.start_event.record()  # on the scheduling stream: orders the load after earlier writes
-    with dev.stream(load_stream):
-        op.start_event.wait(load_stream)
-        for layer, copies in enumerate(plan):
-            us = delay_before(layer)
-            if us > 0:
-                dev.delay(us)
-            for c in copies:
-                dev.copy_async(c.dst, c.src, c.region)
-            op.complete(layer)
-    return producer
+    regions = prefix_regions(layout, layer)
+    if layout.shape.layers[layer] == "A":
+        a = pool.kv.layer_index[layer]
+        loaded = [r for r in layout.requests if len(r.prefix)]
+        for r, rk, rv in zip(loaded, regions[0::2], regions[1::2]):
+            rows = slice(r.host_offset, r.host_offset + len(r.prefix))
+            dst = slice(r.prefix.start, r.prefix.stop)
+            yield pool.kv.k[a, dst], host.k[a, rows], rk
+            yield pool.kv.v[a, dst], host.v[a, rows], rv
+    else:
+        m = pool.mamba.layer_index[layer]
+        first = layout.requests[0].mamba_slot
+        dst = slice(first, first + len(layout.requests))
+        rc, rs = regions
+        yield pool.mamba.conv[m, dst], host.conv[m], rc
+        yield pool.mamba.ssm[m, dst], host.ssm[m], rs

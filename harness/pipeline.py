@@ -4,6 +4,15 @@ build model and pools (seeded) -> eager ground truth with all loads complete ->
 capture the runner -> for each replay: poison the target slots, start the
 load-back with the fault, apply the fence, replay, collect probes and final
 state, compare with ground truth -> tally -> verdict.
+
+Hazards change what a replay does around that core:
+- raw: as above; a read before its copy lands shows as a stale probe.
+- waw: the slots already hold the right data (no poison), and the load op
+  re-copies it; a copy that lands after prefill wrote the Mamba state in place
+  shows only in the post-prefill state.
+- war: after the batch's replay, the next batch's load op writes different data
+  into the same slots; if it is not ordered after the replay, the replay's
+  reads (and outputs) show the next batch's data.
 """
 
 from __future__ import annotations
@@ -15,17 +24,33 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.accessors import per_layer
 from harness.analysis import Finding, find_races
-from harness.devices.base import Device
+from harness.devices.base import Device, Gate, GateUnavailable
 from harness.errors import HarnessError
-from harness.fences import FENCES, FenceContext
-from harness.loadback import LayerDoneCounter, plan_copies, start_loading
+from harness.faults import FaultPlan, gate_fallback, sweep_points
+from harness.fences import FenceContext
+from harness.loadback import LayerDoneCounter, plan_copies
 from harness.model import HybridModel
 from harness.oracle import Oracle, ReplayVerdict, Tally
-from harness.pools import HostPool, HybridPool, KVPool, Layout, MambaPool, plan_layout, prefix_regions
+from harness.plugins import Kind, resolve
+from harness.pools import (
+    HostPool,
+    HybridPool,
+    KVPool,
+    Layout,
+    MambaPool,
+    plan_layout,
+    prefix_regions,
+)
 from harness.runners import RUNNERS, EagerRunner, Runner
-from harness.scenario import Expect, Scenario
-from harness.trace import Trace
+from harness.scenario import Expect, Fault, FaultKind, Hazard, Scenario
+from harness.schedules import LoadOp, layerwise, start_loading
+from harness.trace import Span, Trace
+
+
+class GateTimeout(HarnessError):
+    """A gate stayed shut past its timeout; its watchdog opened it."""
 
 
 @dataclass
@@ -41,12 +66,22 @@ class Bench:
     counter: LayerDoneCounter
 
     def __post_init__(self) -> None:
+        s = self.scenario
         self.forward = self.dev.Stream("forward")
         self.load = self.dev.Stream("load")
+        self.fence = resolve(Kind.FENCE, s.fence, s.source, "fence")
+        self.accessor = resolve(Kind.ACCESSOR, s.accessor, s.source, "accessor")
+        self.schedule = resolve(Kind.SCHEDULE, s.schedule, s.source, "schedule")
+        chunks = s.fault.chunks if s.fault.kind is FaultKind.CHUNKED else 1
         # Built once: the replay loop only enqueues (host time there shifts the race window).
-        self.copies = plan_copies(self.layout, self.host, self.pool)
+        self.copies = plan_copies(self.layout, self.host, self.pool, chunks)
         self.targets = [r for lid in range(self.layout.shape.num_layers)
                         for r in prefix_regions(self.layout, lid)]
+        self.next_copies = None
+        if s.hazard is Hazard.WAR:  # the next batch: other data for the same slots
+            next_host = HostPool(self.dev, self.layout, s.seed + 1)
+            self.next_copies = plan_copies(self.layout, next_host, self.pool, chunks)
+        self.ran = self.dev.Event()  # recorded after the forward, for the gate's release
 
     @classmethod
     def build(cls, scenario: Scenario, dev: Device) -> "Bench":
@@ -60,7 +95,19 @@ class Bench:
 
     # ---- the pieces of one replay ---------------------------------------------
     def poison(self) -> None:
-        """Fill every slot the load-back will write, and the probe arena, with poison."""
+        """Fill every slot the load-back will write, and the probe arena, with poison.
+
+        Under the write-after-write hazard the slots are filled with the right data
+        instead (resident state that the load op re-copies), so that a late copy can
+        only show by clobbering what the prefill wrote.
+        """
+        self.model.probes.arena.fill_(self.scenario.poison)
+        if self.scenario.hazard is Hazard.WAW:
+            for layer in self.copies:
+                for chunk in layer:
+                    for c in chunk:
+                        self.dev.copy_async(c.dst, c.src, c.region)  # on the forward stream
+            return
         p = self.scenario.poison
         self.dev.access(writes=self.targets, what="poison")
         kv, mamba = self.pool.kv, self.pool.mamba
@@ -69,24 +116,37 @@ class Bench:
             kv.v[:, r.prefix.start : r.prefix.stop].fill_(p)
         mamba.conv[:, self.model.mamba_slots].fill_(p)
         mamba.ssm[:, self.model.mamba_slots].fill_(p)
-        self.model.probes.arena.fill_(p)
 
-    def start_load(self, delay_before=lambda layer: 0.0) -> int:
-        producer = start_loading(self.dev, self.counter, self.load, self.copies, delay_before)
-        self.counter.set_consumer(producer)  # the batch carries the op's index
-        return producer
+    def start_load(self, plan: FaultPlan, gate: Gate | None = None, schedule=None, copies=None) -> LoadOp:
+        op = start_loading(self.dev, self.counter, self.load, copies or self.copies, plan,
+                           schedule or self.schedule, gate)
+        self.counter.set_consumer(op.index)  # the batch carries the op's index
+        return op
 
-    def observe(self, producer: int) -> None:
+    def start_next_load(self, plan: FaultPlan) -> LoadOp:
+        """The next batch's load op into the same slots (write-after-read hazard)."""
+        consumer = self.counter.consumer_index
+        op = self.start_load(FaultPlan(Fault(), plan.replay), copies=self.next_copies)
+        self.counter.set_consumer(consumer)  # the next batch is never run here
+        return op
+
+    def observe(self, op: LoadOp) -> None:
         """The harness's own wait for the load to land, then the post-prefill state.
 
         Enqueued after the forward, so it cannot hide a race in it; it makes a late
         Mamba-state copy (a clobber) visible in the collected final state.
         """
-        self.counter.events[producer].finish_event.wait(self.forward)
+        op.events.finish_event.wait(self.forward)
         self.model.collect_final_state()
 
-    def set_waits(self, on: bool) -> None:
-        self.pool.set_counter(self.counter if on else None)
+    def set_waits(self, policy) -> None:
+        self.pool.set_counter(self.counter, policy)
+
+
+@dataclass
+class SweepPoint:
+    us: float  # injected delay
+    tally: Tally
 
 
 @dataclass
@@ -99,6 +159,11 @@ class ScenarioResult:
     replay_s: float = 0.0  # the replay loop alone
     trace: Trace | None = None
     findings: list[Finding] = field(default_factory=list)  # happens-before races in the trace
+    fault_mode: str | None = None  # how a gate was built, or what stood in for it
+    sweep: list[SweepPoint] = field(default_factory=list)  # per delay point (sweep faults)
+    timeline: list[Span] = field(default_factory=list)  # the traced replay's streams in time
+    timeline_stale_layers: tuple[int, ...] = ()  # layers the traced replay read stale
+    clock: str = "device"  # the timeline's clock: device time, or the simulator's virtual time
 
     @property
     def met(self) -> bool:
@@ -113,18 +178,92 @@ ReplayHook = Callable[[int, ReplayVerdict], None]
 
 
 def ground_truth(b: Bench, timeout_s: float) -> Oracle:
-    """Eager forward with every load complete (host-synced) before it starts."""
-    b.set_waits(True)
+    """Eager forward with every load complete (host-synced) before it starts.
+
+    Always the engine's own load op and accessor waits: the truth must not
+    depend on the variant under test.
+    """
+    b.set_waits(per_layer)
     with b.dev.stream(b.forward):
         b.poison()
-        producer = b.start_load()
+        op = b.start_load(FaultPlan(Fault()), schedule=layerwise)
         b.dev.synchronize(timeout_s)
         EagerRunner(b.dev, b.model, b.counter).run()
-        b.observe(producer)
+        b.observe(op)
         truth = b.model.probes.arena.clone()
         b.dev.synchronize(timeout_s)  # the oracle reads truth on whatever stream builds it
     b.counter.set_consumer(-1)
     return Oracle(b.layout, truth, b.scenario.tolerance)
+
+
+class _Replayer:
+    """One scenario's replay loop on a built bench: everything per replay, nothing more."""
+
+    def __init__(self, b: Bench, runner: Runner, oracle: Oracle, timeout_s: float, gate: Gate | None):
+        self.b, self.runner, self.oracle, self.timeout_s, self.gate = b, runner, oracle, timeout_s, gate
+        self.hold_s = b.scenario.fault.hold_us * 1e-6
+        self.mask = torch.zeros(len(oracle.units), dtype=torch.bool)
+        if b.dev.torch_device.type == "cuda":
+            self.mask = self.mask.pin_memory()
+
+    def __call__(self, i: int, fault: Fault) -> torch.Tensor:
+        b, dev = self.b, self.b.dev
+        plan = FaultPlan(fault, i, gate=self.gate is not None)
+        # The gate holds the writer that must come first for a race to show: the load
+        # stream (read- and write-after-write), or, for write-after-read, the replay
+        # itself, so that the next batch's load could land before it reads.
+        hold_replay = self.gate if b.next_copies is not None else None
+        with dev.stream(b.forward):
+            b.poison()
+            op = b.start_load(plan, None if hold_replay else self.gate)
+            b.fence(FenceContext(dev, b.forward, b.load, b.counter, op.events, self.runner, i))
+            if hold_replay:
+                hold_replay.hold()
+            self.runner.run()
+            if op.held:
+                b.ran.record()
+            if hold_replay:
+                b.observe(op)
+                nxt = b.start_next_load(plan)
+        if op.held:
+            # Open the gate once the replay has run, so every read it made came first;
+            # a fence that waits on the gated load keeps it from running: then after hold_us.
+            dev.host_wait(b.ran, self.hold_s)
+            self.gate.release()
+        if hold_replay:
+            # Open it once the next batch's load has landed, or after hold_us when that
+            # load is (rightly) ordered after the held replay.
+            dev.host_wait(nxt.events.finish_event, self.hold_s)
+            hold_replay.release()
+        with dev.stream(b.forward):
+            if not hold_replay:
+                b.observe(op)
+                if b.next_copies is not None:
+                    b.start_next_load(plan)
+            self.mask.copy_(self.oracle.stale_mask(b.model.probes.arena), non_blocking=True)
+        dev.synchronize(self.timeout_s)  # the one host sync of a replay
+        if self.gate is not None and self.gate.timed_out:
+            raise GateTimeout(
+                f"gate-timeout in replay {i}: the load stream's gate was never opened; "
+                f"its watchdog opened it after {self.gate.timeout_s:g}s"
+            )
+        b.counter.set_consumer(-1)  # the host saw the final event: the load's slots are released
+        return self.mask
+
+
+def _open_gate(b: Bench, timeout_s: float) -> tuple[Gate | None, Fault, str | None]:
+    """The gate a gate fault needs, or the long delay that stands in for it, and which."""
+    fault = b.scenario.fault
+    if fault.kind is not FaultKind.GATE:
+        return None, fault, None
+    try:
+        # The watchdog fires well inside the replay timeout, so a stuck gate is
+        # reported as itself and not as a hung replay.
+        gate = b.dev.gate(timeout_s / 2)
+    except GateUnavailable as e:
+        stand_in = gate_fallback(fault)
+        return None, stand_in, f"{stand_in.describe()} (gate fallback: {e})"
+    return gate, fault, f"gate ({gate.mode})"
 
 
 def run_scenario(
@@ -137,56 +276,54 @@ def run_scenario(
 ) -> ScenarioResult:
     result = ScenarioResult(scenario)
     t0 = time.perf_counter()
+    gate = None
     try:
         b = Bench.build(scenario, dev)
         oracle = ground_truth(b, timeout_s)
-        b.set_waits(scenario.waits)
+        b.set_waits(b.accessor)
         runner: Runner = RUNNERS[scenario.backend](dev, b.model, b.counter)
         with dev.stream(b.forward):
             runner.prepare()
         dev.synchronize(timeout_s)
-        fence = FENCES[scenario.fence]
-        ctx = FenceContext(dev, b.forward, b.load, b.counter)
-        host_mask = torch.zeros(len(oracle.units), dtype=torch.bool)
-        if dev.torch_device.type == "cuda":
-            host_mask = host_mask.pin_memory()
+        gate, fault, result.fault_mode = _open_gate(b, timeout_s)
+        replay = _Replayer(b, runner, oracle, timeout_s, gate)
+        points = sweep_points(fault)
         n = replays or scenario.replays
-
-        def replay() -> torch.Tensor:
-            with dev.stream(b.forward):
-                b.poison()
-                producer = b.start_load(scenario.fault.delay_before)
-                fence(ctx)
-                runner.run()
-                b.observe(producer)
-                host_mask.copy_(oracle.stale_mask(b.model.probes.arena), non_blocking=True)
-            dev.synchronize(timeout_s)  # the one host sync of a replay
-            b.counter.set_consumer(-1)  # the host saw the final event: the load's slots are released
-            return host_mask
 
         # One extra replay, traced and not counted: tracing costs host time, and host
         # time before the replay launch shifts the race window of the counted ones.
         with dev.tracing() as trace:
-            replay()
+            traced = oracle.verdict(replay(-1, points[-1][1]))
         result.trace = trace
         result.findings = find_races(trace)  # structural: shows whether or not timing did
+        result.timeline = dev.timeline(trace)
+        result.clock = "virtual" if dev.name == "sim" else "device"
+        result.timeline_stale_layers = tuple(sorted(traced.layers))
         gc_was_on = gc.isenabled()
         gc.disable()  # a collector pause mid-replay is host jitter the race test need not see
+        t1 = time.perf_counter()
         try:
-            t1 = time.perf_counter()
-            for i in range(n):
-                verdict = oracle.verdict(replay())
-                result.tally.add(verdict)
-                if on_replay:
-                    on_replay(i, verdict)
+            for us, point_fault in points:
+                point = SweepPoint(us, Tally())
+                for i in range(n):
+                    verdict = oracle.verdict(replay(i, point_fault))
+                    result.tally.add(verdict)
+                    point.tally.add(verdict)
+                    if on_replay:
+                        on_replay(i, verdict)
+                if fault.kind is FaultKind.SWEEP:
+                    result.sweep.append(point)
         finally:
+            result.replay_s = time.perf_counter() - t1
             if gc_was_on:
                 gc.enable()
-        result.replay_s = time.perf_counter() - t1
         result.observed = Expect.RACE if result.tally.stale_replays else Expect.CLEAN
     except HarnessError as e:
         result.error = str(e)
     except torch.OutOfMemoryError as e:  # one scenario's OOM must not end the run
         result.error = f"out of device memory: {str(e).splitlines()[0]}"
+    finally:
+        if gate is not None:
+            gate.close()  # nothing stays blocked behind a scenario that failed
     result.wall_s = time.perf_counter() - t0
     return result

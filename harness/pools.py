@@ -6,8 +6,9 @@ Mamba layer (slot 0 reserved), and host pools in pinned memory that hold each
 request's cached prefix KV and Mamba state for load-back.
 
 The accessors are the engine's waiting points: KV `get_key_buffer` /
-`get_value_buffer` and the hybrid pool's Mamba layer cache call
-`LayerDoneCounter.wait_until(layer_id)` before handing out the buffer.
+`get_value_buffer` and the hybrid pool's Mamba layer cache run the accessor
+wait policy (the engine's: `LayerDoneCounter.wait_until(layer_id)`) before
+handing out the buffer; see `harness.accessors`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.accessors import AccessorPolicy, per_layer
 from harness.devices.base import Device, dtype_of
 from harness.loadback import LayerDoneCounter
 from harness.scenario import ModelShape, Request, kv_slots_needed
@@ -111,15 +113,16 @@ class KVPool:
         self.k = torch.zeros(shape, dtype=dtype_of(s.dtype), device=dev.torch_device)
         self.v = torch.zeros_like(self.k)
         self.counter: LayerDoneCounter | None = None  # set when accessor waits are on
+        self.policy: AccessorPolicy = per_layer
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         if self.counter is not None:
-            self.counter.wait_until(layer_id)
+            self.policy(self.counter, layer_id, "kv")
         return self.k[self.layer_index[layer_id]]
 
     def get_value_buffer(self, layer_id: int) -> torch.Tensor:
         if self.counter is not None:
-            self.counter.wait_until(layer_id)
+            self.policy(self.counter, layer_id, "kv")
         return self.v[self.layer_index[layer_id]]
 
 
@@ -150,15 +153,16 @@ class HybridPool:
         self.kv = kv
         self.mamba = mamba
         self.counter: LayerDoneCounter | None = None
+        self.policy: AccessorPolicy = per_layer
 
-    def set_counter(self, counter: LayerDoneCounter | None, *, kv: bool = True, mamba: bool = True) -> None:
-        """Turn the accessors' per-layer waits on or off (off = a known-bad accessor)."""
-        self.kv.counter = counter if kv else None
-        self.counter = counter if mamba else None
+    def set_counter(self, counter: LayerDoneCounter | None, policy: AccessorPolicy = per_layer) -> None:
+        """Give the accessors the counter of pending loads and the wait policy they run."""
+        self.kv.counter = self.counter = counter
+        self.kv.policy = self.policy = policy
 
     def mamba_layer_cache(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.counter is not None:
-            self.counter.wait_until(layer_id)
+            self.policy(self.counter, layer_id, "mamba")
         return self.mamba.layer_cache(layer_id)
 
 

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 from harness.pipeline import ScenarioResult
@@ -58,6 +59,19 @@ def scenario_entry(r: ScenarioResult) -> dict:
         "output_only_replays": t.output_only_replays,
         "mean_stale_slot_fraction": t.mean_read_fraction,
         "findings": [f.describe() for f in r.findings],
+        "finding_kinds": dict(sorted(Counter(f.kind.value for f in r.findings).items())),
+        "hazard": r.scenario.hazard.value,
+        "fault_mode": r.fault_mode,
+        "sweep": [
+            {"us": p.us, "replays": p.tally.replays, "stale_replays": p.tally.stale_replays,
+             "stale_rate": p.tally.stale_rate}
+            for p in r.sweep
+        ],
+        "timeline": {
+            "clock": r.clock,
+            "spans": [as_plain(sp) for sp in r.timeline],
+            "stale_layers": list(r.timeline_stale_layers),
+        } if r.timeline else None,
         "timings": {
             "wall_s": round(r.wall_s, 4),
             "replay_loop_s": round(r.replay_s, 4),
@@ -81,7 +95,11 @@ def git_commit() -> str | None:
         return None
 
 
-def build_results(results: list[ScenarioResult], device: dict, started: float, finished: float) -> dict:
+def build_results(
+    results: list[ScenarioResult], device: dict, started: float, finished: float,
+    sections: dict | None = None,
+) -> dict:
+    """The whole document; `sections` adds top-level parts (the kill matrix, a benchmark)."""
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": uuid.uuid4().hex[:12],
@@ -97,6 +115,7 @@ def build_results(results: list[ScenarioResult], device: dict, started: float, f
             "errors": sum(r.error is not None for r in results),
         },
         "scenarios": [scenario_entry(r) for r in results],
+        **(sections or {}),
     }
 
 

@@ -29,14 +29,19 @@ class Backend(NamedEnum):
     FULL = "full"  # the whole body one CUDA graph: no Python runs on replay
 
 
-class Fence(NamedEnum):
-    NONE = "none"
-    FINAL_EVENT = "final_event"  # one wait on the pending load op's final event
-
-
 class FaultKind(NamedEnum):
     NONE = "none"
     DELAY = "delay"  # a spin on the load stream before layer copies
+    GATE = "gate"  # the load stream held until the host releases it, after the replay ran
+    JITTER = "jitter"  # seeded random per-layer delays, new ones every replay
+    CHUNKED = "chunked"  # each layer's copy split into chunks with gaps: layers land partly
+    SWEEP = "sweep"  # the same scenario at each of several delays: detection vs delay
+
+
+class Hazard(NamedEnum):
+    RAW = "raw"  # read-after-write: a read before the copy lands (stale read)
+    WAW = "waw"  # write-after-write: a late Mamba-state copy clobbers the state prefill wrote
+    WAR = "war"  # write-after-read: the next batch's load-back overwrites slots a replay still reads
 
 
 class DelayWhere(NamedEnum):
@@ -108,22 +113,33 @@ class Request:
 
 @dataclass(frozen=True)
 class Fault:
+    """What the injector does to the load stream; see `harness.faults` for the mechanics.
+
+    us: the delay (delay, each sweep point), the largest random delay (jitter) or
+    the gap before each chunk after a layer's first (chunked).
+    """
+
     kind: FaultKind = FaultKind.NONE
     us: float = 0.0
-    where: DelayWhere = DelayWhere.EACH
-
-    def delay_before(self, layer: int) -> float:
-        """Microseconds to spin on the load stream before `layer`'s copy."""
-        if self.kind is not FaultKind.DELAY:
-            return 0.0
-        if self.where is DelayWhere.FIRST and layer != 0:
-            return 0.0
-        return self.us
+    where: DelayWhere = DelayWhere.EACH  # delay, jitter, sweep: before every layer or layer 0 only
+    chunks: int = 1  # chunked: copies per layer
+    seed: int = 0  # jitter: the random delays are a function of (seed, replay, layer)
+    points: tuple[float, ...] = ()  # sweep: the delays, in microseconds
+    hold_us: float = 2000.0  # gate: how long the host holds it when the replay cannot finish
 
     def describe(self) -> str:
-        if self.kind is FaultKind.NONE:
+        k = self.kind
+        if k is FaultKind.NONE:
             return "none"
-        return f"delay {self.us:g}us {self.where.value}"
+        if k is FaultKind.DELAY:
+            return f"delay {self.us:g}us {self.where.value}"
+        if k is FaultKind.GATE:
+            return f"gate (hold {self.hold_us:g}us)"
+        if k is FaultKind.JITTER:
+            return f"jitter 0-{self.us:g}us {self.where.value} seed {self.seed}"
+        if k is FaultKind.CHUNKED:
+            return f"chunked x{self.chunks} gap {self.us:g}us"
+        return f"sweep {','.join(f'{p:g}' for p in self.points)}us {self.where.value}"
 
 
 @dataclass(frozen=True)
@@ -150,8 +166,10 @@ class Scenario:
     batch: tuple[Request, ...]
     backend: Backend
     expect: Expect
-    fence: Fence = Fence.NONE
-    waits: bool = True  # do the pool accessors wait on the per-layer load events
+    fence: str = "none"  # a built-in fence name or a plugin "package.module:callable"
+    accessor: str = "per_layer"  # the pool accessors' wait policy (name or plugin)
+    schedule: str = "layerwise"  # the load-back schedule (name or plugin)
+    hazard: Hazard = Hazard.RAW
     fault: Fault = field(default_factory=Fault)
     replays: int = 100
     seed: int = 0
@@ -160,10 +178,18 @@ class Scenario:
     source: str = "<inline>"  # the file it came from, for messages
 
     def describe(self) -> str:
-        waits = "" if self.waits else " waits=off"
+        extra = "".join(
+            f" {key}={value}"
+            for key, value, default in (
+                ("accessor", self.accessor, "per_layer"),
+                ("schedule", self.schedule, "layerwise"),
+                ("hazard", self.hazard.value, "raw"),
+            )
+            if value != default
+        )
         return (
             f"{self.model.kind}[{self.model.layers}] {self.backend}+{self.fence}"
-            f"{waits} fault={self.fault.describe()}"
+            f"{extra} fault={self.fault.describe()}"
         )
 
     def with_overrides(self, **changes) -> "Scenario":

@@ -33,6 +33,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from harness.errors import InputError
+from harness.plugins import Kind, resolve
 from harness.scenario import (
     LAYER_KINDS,
     Backend,
@@ -41,13 +42,13 @@ from harness.scenario import (
     Expect,
     Fault,
     FaultKind,
-    Fence,
+    Hazard,
     ModelShape,
     NamedEnum,
     Request,
-    kv_slots_needed,
     Scenario,
     Tolerance,
+    kv_slots_needed,
 )
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
@@ -362,25 +363,83 @@ def _request(value: Any, key: str) -> Request:
 
 _FAULT_KIND = _enum(FaultKind)
 _DELAY_WHERE = _enum(DelayWhere)
+MAX_DELAY_US = 10_000_000.0  # 10 s: past that a delay is a typo, and a replay would time out
+
+# Which keys each fault kind takes, beyond `kind`; (required, optional).
+_FAULT_KEYS: dict[FaultKind, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    FaultKind.NONE: ((), ()),
+    FaultKind.DELAY: (("us",), ("where",)),
+    FaultKind.GATE: ((), ("hold_us",)),
+    FaultKind.JITTER: (("us",), ("where", "seed")),
+    FaultKind.CHUNKED: (("chunks",), ("us",)),
+    FaultKind.SWEEP: (("points",), ("where",)),
+}
+_FAULT_HINTS = {
+    "us": "microseconds > 0",
+    "chunks": "an integer >= 2 (copies per layer)",
+    "points": "an array of delays in microseconds, like [0, 5, 20, 50, 200, 1000]",
+}
+
+
+def _delay_us(value: Any, key: str, allow_zero: bool = False) -> float:
+    us = _number(value, key)
+    if us == 0 and not allow_zero:
+        raise _Invalid(key, "must be > 0 microseconds, got 0")
+    if us > MAX_DELAY_US:
+        raise _Invalid(key, f"at most {MAX_DELAY_US:g} microseconds (10 s), got {us:g}")
+    return us
+
+
+def _points(value: Any, key: str) -> tuple[float, ...]:
+    if not isinstance(value, list) or not value:
+        raise _Invalid(key, f"expected {_FAULT_HINTS['points']}, got {_describe(value)}")
+    points = tuple(_delay_us(v, f"{key}[{i}]", allow_zero=True) for i, v in enumerate(value))
+    if len(set(points)) != len(points):
+        raise _Invalid(key, "the same delay appears twice")
+    return points
+
+
+_FAULT_VALUES: dict[str, Parser] = {
+    "us": _delay_us,
+    "where": _DELAY_WHERE,
+    "seed": _integer(0),
+    "chunks": _integer(2, 64),
+    "points": _points,
+    "hold_us": _delay_us,
+}
 
 
 def _fault(value: Any, key: str) -> Fault:
     table = _table(value, key)
-    _check_keys(table, ("kind", "us", "where"), key)
+    _check_keys(table, ("kind", *_FAULT_VALUES), key)
     kind = _FAULT_KIND(table["kind"], f"{key}.kind") if "kind" in table else FaultKind.NONE
-    if kind is FaultKind.NONE:
-        # A delay without kind = "delay" would silently do nothing.
-        for extra in ("us", "where"):
-            if extra in table:
-                raise _Invalid(
-                    f"{key}.{extra}", f"{extra!r} only applies to kind = 'delay'; kind is 'none'"
-                )
-        return Fault()
-    us = _number(_require(table, "us", key, "a delay needs us > 0 (microseconds)"), f"{key}.us")
-    if us == 0:
-        raise _Invalid(f"{key}.us", "a delay needs us > 0 (microseconds), got 0")
-    where = _DELAY_WHERE(table["where"], f"{key}.where") if "where" in table else DelayWhere.EACH
-    return Fault(kind, us, where)
+    required, optional = _FAULT_KEYS[kind]
+    for extra in table:
+        if extra != "kind" and extra not in required + optional:
+            users = [k.value for k, (r, o) in _FAULT_KEYS.items() if extra in r + o]
+            raise _Invalid(
+                f"{key}.{extra}",
+                f"{extra!r} does not apply to kind = {kind.value!r}; it is for kind "
+                f"{' / '.join(repr(u) for u in users)}",
+            )
+    for name in required:
+        _require(table, name, key, f"kind = {kind.value!r} needs {name}: {_FAULT_HINTS[name]}")
+    values = {k: _FAULT_VALUES[k](v, f"{key}.{k}") for k, v in table.items() if k != "kind"}
+    if kind is FaultKind.CHUNKED:
+        values.setdefault("us", 50.0)
+    return Fault(kind, **values)
+
+
+def _plugin(kind: Kind) -> Parser:
+    def parse(value: Any, key: str) -> str:
+        _string(value, key, f"a {kind.value} name or 'package.module:callable'")
+        try:
+            resolve(kind, value, key=key)
+        except InputError as e:
+            raise _Invalid(key, e.message) from None
+        return value
+
+    return parse
 
 
 def _poison(value: Any, key: str) -> float:
@@ -410,8 +469,10 @@ _SCENARIO_FIELDS: dict[str, Parser] = {
     "model": _model_ref,
     "batch": _batch,
     "backend": _enum(Backend),
-    "fence": _enum(Fence),
-    "waits": _boolean,
+    "fence": _plugin(Kind.FENCE),
+    "accessor": _plugin(Kind.ACCESSOR),
+    "schedule": _plugin(Kind.SCHEDULE),
+    "hazard": _enum(Hazard),
     "fault": _fault,
     "expect": _enum(Expect),
     "replays": _integer(1, MAX_REPLAYS),
@@ -476,15 +537,19 @@ def _scenario(
 ) -> Scenario:
     table = _table(value, prefix)
     _check_keys(table, fields, prefix)
-    # Scenario itself has no default fence; files default it to none.
     values = {
-        "fence": Fence.NONE,
         **defaults,
         **{k: fields[k](v, f"{prefix}.{k}") for k, v in table.items()},
     }
     for key, hint in _REQUIRED_HINTS.items():
         _require(values, key, prefix, hint)
     _check_pools(values["model"], values["batch"], prefix)
+    if values.get("hazard") is Hazard.WAW and not values["model"].mamba_layers:
+        raise _Invalid(
+            f"{prefix}.hazard",
+            "hazard 'waw' needs Mamba layers (an M in model.layers): only Mamba state "
+            "is written in place by prefill",
+        )
     return Scenario(**values, source=source)
 
 

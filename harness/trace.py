@@ -80,6 +80,14 @@ class Delay:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """The stream waits on a host-released gate (it orders nothing: the host is not a stream)."""
+
+    stream: StreamId
+    gate: int
+
+
+@dataclass(frozen=True)
 class HostSync:
     pass
 
@@ -93,7 +101,7 @@ class Replay:
     body: tuple["Op", ...] = field(default=())
 
 
-Op = Union[Copy, Record, Wait, Access, Delay, HostSync, Replay]
+Op = Union[Copy, Record, Wait, Access, Delay, Hold, HostSync, Replay]
 
 
 def describe(op: "Op", names: dict[StreamId, str], indent: str = "") -> str:
@@ -112,6 +120,8 @@ def describe(op: "Op", names: dict[StreamId, str], indent: str = "") -> str:
         parts = [f"reads {', '.join(map(str, op.reads))}"] if op.reads else []
         parts += [f"writes {', '.join(map(str, op.writes))}"] if op.writes else []
         return f"{indent}{name(op.stream)}: {op.what or 'access'} {'; '.join(parts)}"
+    if isinstance(op, Hold):
+        return f"{indent}{name(op.stream)}: hold on gate {op.gate} until the host releases it"
     if isinstance(op, HostSync):
         return f"{indent}host: synchronize"
     lines = [f"{indent}{name(op.stream)}: replay graph {op.graph} ({len(op.body)} captured ops)"]
@@ -119,12 +129,29 @@ def describe(op: "Op", names: dict[StreamId, str], indent: str = "") -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Span:
+    """A stretch of one stream's time, for the timeline of a traced replay."""
+
+    stream: str
+    name: str
+    kind: str  # copy | record | wait | replay | delay | gate | access
+    start_us: float
+    end_us: float
+
+
 @dataclass
 class Trace:
-    """An append-only list of ops plus the names of streams, for people to read."""
+    """An append-only list of ops plus the names of streams, for people to read.
+
+    `marks` holds (stream id, name, kind, begin marker, end marker) for each op the
+    device timed while tracing; markers become times only once the work has run
+    (`Device.timeline`).
+    """
 
     ops: list[Op] = field(default_factory=list)
     stream_names: dict[StreamId, str] = field(default_factory=dict)
+    marks: list[tuple] = field(default_factory=list)
 
     def add(self, op: Op) -> None:
         self.ops.append(op)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from harness.pipeline import run_scenario
-from harness.scenario import Backend, DelayWhere, Expect, Fault, FaultKind, Fence
+from harness.scenario import Backend, DelayWhere, Expect, Fault, FaultKind
 from harness.scenario_file import default_files, load_files
 
 pytestmark = pytest.mark.gpu
@@ -38,7 +38,7 @@ def test_default_scenario_meets_expectation(cuda, name):
 @pytest.mark.parametrize("kind", KINDS)
 def test_full_graph_without_fence_reads_stale_nearly_always(cuda, kind):
     s = DEFAULT[f"{kind}-full-none"]
-    assert s.fault.us == 200 and s.backend is Backend.FULL and s.fence is Fence.NONE
+    assert s.fault.us == 200 and s.backend is Backend.FULL and s.fence == "none"
     r = run_scenario(s, cuda, replays=300)
     assert r.error is None, r.error
     assert r.tally.stale_rate >= 0.99, f"{r.tally.stale_replays}/{r.tally.replays} stale"
@@ -56,7 +56,7 @@ def test_final_event_fence_is_clean_over_1000_replays(cuda, kind):
     assert r.tally.replays == 1000
     assert r.tally.stale_replays == 0, dict(r.tally.layer_counts)
     # Teeth: the very same scenario without the fence must be caught.
-    bad = run_scenario(s.with_overrides(fence=Fence.NONE, expect=Expect.RACE), cuda, replays=50)
+    bad = run_scenario(s.with_overrides(fence="none", expect=Expect.RACE), cuda, replays=50)
     assert bad.tally.stale_replays > 0
 
 
@@ -69,5 +69,5 @@ def test_breakable_waits_fire_and_stay_clean(cuda, kind):
     # Teeth: the same breakable runner with the accessors' waits off races (under a delay
     # long enough to outlast the eager ops' host launch time, as the eager controls use).
     long_first = Fault(FaultKind.DELAY, 10_000.0, DelayWhere.FIRST)
-    bad = run_scenario(s.with_overrides(waits=False, fault=long_first), cuda, replays=20)
+    bad = run_scenario(s.with_overrides(accessor="none", fault=long_first), cuda, replays=20)
     assert bad.tally.stale_replays > 0

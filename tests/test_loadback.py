@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from harness.accessors import kv_only, no_waits, per_layer
 from harness.devices.sim import SimDevice
-from harness.loadback import RING, LayerDoneCounter, SlotReusedEarly, plan_copies, start_loading
+from harness.faults import FaultPlan
+from harness.loadback import RING, LayerDoneCounter, SlotReusedEarly, plan_copies
 from harness.pipeline import Bench
 from harness.pools import PageAllocator, plan_layout
 from harness.scenario import (
@@ -20,6 +22,7 @@ from harness.scenario import (
     Scenario,
     kv_slots_needed,
 )
+from harness.schedules import start_loading
 from harness.trace import Copy, Delay, Pool, Record, Region, Wait
 
 SHAPE = ModelShape(
@@ -38,11 +41,13 @@ def waits(trace) -> list[Wait]:
     return [op for op in trace.ops if isinstance(op, Wait)]
 
 
-def load(b: Bench, delay_before=lambda layer: 0.0):
+def load(b: Bench, fault: Fault = Fault(), schedule=None):
     """Run start_loading on the forward stream under a trace; returns (producer, ops)."""
+    kwargs = {"schedule": schedule} if schedule else {}
     with b.dev.tracing() as t, b.dev.stream(b.forward):
-        producer = start_loading(b.dev, b.counter, b.load, plan_copies(b.layout, b.host, b.pool), delay_before)
-    return producer, t.ops
+        op = start_loading(b.dev, b.counter, b.load, plan_copies(b.layout, b.host, b.pool),
+                           FaultPlan(fault), **kwargs)
+    return op.index, t.ops
 
 
 # ---------------------------------------------------------------- LayerDoneCounter
@@ -111,7 +116,7 @@ def test_update_producer_reuses_set_once_its_load_finished():
 
 def test_start_loading_three_slow_loads_then_wrap_raises():
     b = bench()
-    slow = lambda layer: 1e6  # noqa: E731
+    slow = FaultPlan(Fault(FaultKind.DELAY, 1e6))
     with b.dev.stream(b.forward):
         for _ in range(RING):
             start_loading(b.dev, b.counter, b.load, b.copies, slow)
@@ -153,7 +158,7 @@ def test_start_loading_enqueues_start_handshake_then_per_layer_copies_and_record
 def test_start_loading_copies_host_data_into_the_pools():
     b = bench()
     with b.dev.stream(b.forward):
-        start_loading(b.dev, b.counter, b.load, plan_copies(b.layout, b.host, b.pool))
+        start_loading(b.dev, b.counter, b.load, plan_copies(b.layout, b.host, b.pool), FaultPlan(Fault()))
     b.dev.synchronize()
     for a, lid in enumerate(SHAPE.attention_layers):
         for r in b.layout.requests:
@@ -169,12 +174,13 @@ def test_start_loading_copies_host_data_into_the_pools():
 def test_plan_copies_one_list_per_layer_with_views_of_the_pools():
     b = bench()
     plan = plan_copies(b.layout, b.host, b.pool)
-    assert [len(c) for c in plan] == [4, 2, 4, 2]  # A: K,V x 2 requests; M: conv, ssm
+    assert [len(layer) for layer in plan] == [1, 1, 1, 1]  # one chunk a layer
+    assert [len(layer[0]) for layer in plan] == [4, 2, 4, 2]  # A: K,V x 2 requests; M: conv, ssm
     for layer in plan:
-        for c in layer:
+        for c in layer[0]:
             assert c.dst.shape == c.src.shape
     kv_k = b.pool.kv.k
-    first = plan[0][0]
+    first = plan[0][0][0]
     assert first.dst.data_ptr() == kv_k[0, b.layout.requests[0].prefix.start].data_ptr()
 
 
@@ -206,27 +212,35 @@ def delays_before_layers(ops) -> dict[int, float]:
 
 def test_delay_each_puts_a_delay_before_every_layer():
     b = bench()
-    _, ops = load(b, Fault(FaultKind.DELAY, 30.0, DelayWhere.EACH).delay_before)
+    _, ops = load(b, Fault(FaultKind.DELAY, 30.0, DelayWhere.EACH))
     assert delays_before_layers(ops) == {layer: 30.0 for layer in range(SHAPE.num_layers)}
     assert all(op.stream == b.load.id for op in ops if isinstance(op, Delay))
 
 
 def test_delay_first_puts_one_delay_before_layer_zero():
     b = bench()
-    _, ops = load(b, Fault(FaultKind.DELAY, 30.0, DelayWhere.FIRST).delay_before)
+    _, ops = load(b, Fault(FaultKind.DELAY, 30.0, DelayWhere.FIRST))
     assert delays_before_layers(ops) == {0: 30.0}
     assert isinstance(ops[2], Delay)  # right after the start handshake
 
 
-def test_custom_delay_schedule_targets_one_layer():
+def test_a_custom_schedule_controls_the_load_op():
+    def late_layer_two(op):
+        op.wait_start()
+        for layer in range(op.num_layers):
+            if layer == 2:
+                op.dev.delay(7.0)
+            op.copy_layer(layer)
+            op.events.complete(layer)
+
     b = bench()
-    _, ops = load(b, lambda layer: 7.0 if layer == 2 else 0.0)
+    _, ops = load(b, schedule=late_layer_two)
     assert delays_before_layers(ops) == {2: 7.0}
 
 
 def test_no_fault_no_delay():
     b = bench()
-    _, ops = load(b, Fault().delay_before)
+    _, ops = load(b, Fault())
     assert not any(isinstance(op, Delay) for op in ops)
 
 
@@ -296,6 +310,12 @@ def test_accessors_do_not_wait_without_counter():
     assert accessor_waits(b) == []
 
 
+def test_accessors_do_not_wait_under_the_none_policy():
+    b = bench()
+    b.pool.set_counter(b.counter, no_waits)
+    assert accessor_waits(b) == []
+
+
 def test_accessors_wait_on_their_layer_event_when_counter_set():
     b = bench()
     b.pool.set_counter(b.counter)
@@ -304,13 +324,13 @@ def test_accessors_wait_on_their_layer_event_when_counter_set():
     assert accessor_waits(b) == [Wait(f, ev[0].id), Wait(f, ev[0].id), Wait(f, ev[1].id)]
 
 
-def test_set_counter_can_turn_off_kv_or_mamba_waits():
+def test_kv_only_policy_waits_in_the_kv_accessors_but_not_the_mamba_one():
     b = bench()
     ev = b.counter.events[0].load_events
-    b.pool.set_counter(b.counter, kv=False)
-    assert accessor_waits(b) == [Wait(b.forward.id, ev[1].id)]
-    b.pool.set_counter(b.counter, mamba=False)
+    b.pool.set_counter(b.counter, kv_only)
     assert accessor_waits(b) == [Wait(b.forward.id, ev[0].id)] * 2
+    b.pool.set_counter(b.counter, per_layer)
+    assert len(accessor_waits(b)) == 3
 
 
 def test_bare_mamba_pool_accessor_never_waits():

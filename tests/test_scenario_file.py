@@ -21,7 +21,6 @@ from harness.scenario import (
     Expect,
     Fault,
     FaultKind,
-    Fence,
     ModelShape,
     Request,
     Scenario,
@@ -61,7 +60,7 @@ model = "tiny"
 batch = [{ prefix = 20, new = 4 }, { prefix = 8, new = 1 }]
 backend = "full"
 fence = "final_event"
-waits = false
+accessor = "none"
 fault = { kind = "delay", us = 12.5, where = "first" }
 expect = "clean"
 replays = 3
@@ -91,10 +90,14 @@ def _assert_one_line(err: InputError) -> None:
 # ---------------------------------------------------------------- the default set
 
 
-def test_default_set_has_twelve_scenarios():
+def test_default_set_is_the_twelve_core_scenarios_and_the_fault_kinds():
     files = default_files()
-    assert [f.name for f in files] == ["default.toml"]
-    scenarios = load_files(files)
+    assert [f.name for f in files] == ["default.toml", "faults.toml"]
+    faults = load_file(files[1])
+    assert {s.fault.kind for s in faults} == {
+        FaultKind.GATE, FaultKind.JITTER, FaultKind.CHUNKED, FaultKind.SWEEP
+    }
+    scenarios = load_file(files[0])
     expected = {}
     for model in ("attention", "mamba", "hybrid"):
         expected[f"{model}-full-none"] = Expect.RACE
@@ -106,12 +109,12 @@ def test_default_set_has_twelve_scenarios():
 
 def test_default_set_shapes_and_settings():
     layers = {"attention": "AAAA", "mamba": "MMMM", "hybrid": "AMAM"}
-    for s in load_files(default_files()):
+    for s in load_file(default_files()[0]):
         model, backend, variant = s.name.split("-")
         assert s.model == ModelShape(layers=layers[model])  # the rest are the defaults
         assert s.backend is Backend(backend)
-        assert s.fence is (Fence.FINAL_EVENT if variant == "final_event" else Fence.NONE)
-        assert s.waits is (variant != "nowaits")
+        assert s.fence == ("final_event" if variant == "final_event" else "none")
+        assert s.accessor == ("none" if variant == "nowaits" else "per_layer")
         if variant == "nowaits":  # eager controls: one long delay outlasts host launch time
             assert s.fault == Fault(FaultKind.DELAY, 10000.0, DelayWhere.FIRST)
         else:
@@ -166,7 +169,7 @@ def test_syntax_error_reports_line_and_column():
     [
         ('backend = "eagre"', "scenario[0].backend", "did you mean 'eager'?"),
         ('backend = "Full"', "scenario[0].backend", "did you mean 'full'?"),
-        ("waits = true\nwait = 1", "scenario[0].wait", "did you mean 'waits'?"),
+        ("hazard = 'raw'\nhazards = 1", "scenario[0].hazards", "did you mean 'hazard'?"),
         ('model = "hybird"', "scenario[0].model", "did you mean 'hybrid'?"),
     ],
 )
@@ -215,9 +218,9 @@ def test_round_trip_of_inline_text(tmp_path):
         model=tiny,
         batch=(Request(20, 4), Request(8, 1)),
         backend=Backend.FULL,
-        fence=Fence.FINAL_EVENT,
+        fence="final_event",
         expect=Expect.CLEAN,
-        waits=False,
+        accessor="none",
         fault=Fault(FaultKind.DELAY, 12.5, DelayWhere.FIRST),
         replays=3,
         seed=7,
@@ -230,7 +233,7 @@ def test_round_trip_of_inline_text(tmp_path):
     # Defaults fill what the scenario leaves out; dataclass defaults the rest.
     assert second.model == ModelShape(layers="MMA", state=8)
     assert (second.replays, second.seed) == (50, 7)
-    assert (second.fence, second.waits, second.fault) == (Fence.NONE, True, Fault())
+    assert (second.fence, second.accessor, second.fault) == ("none", "per_layer", Fault())
     assert math.isnan(second.poison)
     assert second.tolerance.exact
 

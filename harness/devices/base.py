@@ -14,12 +14,18 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from harness.trace import Access, Op, Region, Replay, Trace
+from harness.errors import HarnessError
+from harness.trace import Access, Op, Region, Replay, Span, Trace
+
+
+class GateUnavailable(HarnessError):
+    """No gate can be built here (the reason says why); a long delay stands in."""
 
 
 class Stream(abc.ABC):
@@ -50,6 +56,29 @@ class Event(abc.ABC):
     _device: "Device"
 
 
+class Gate(abc.ABC):
+    """A host-released hold on a stream: the stream waits until the host opens it.
+
+    A watchdog opens a gate that stays shut past its timeout and sets
+    `timed_out`, so a forgotten release is an error in a result, never a hang.
+    """
+
+    id: int
+    mode: str  # how it is built, for reports
+    timed_out: bool = False
+
+    @abc.abstractmethod
+    def hold(self) -> None:
+        """Later work on the current stream waits until `release()`."""
+
+    @abc.abstractmethod
+    def release(self) -> None: ...
+
+    def close(self) -> None:
+        """Open anything still held (nothing may stay blocked after a scenario)."""
+        self.release()
+
+
 class Graph(abc.ABC):
     id: int
     body: Sequence[Op]  # the ops captured into it, for the trace
@@ -76,6 +105,7 @@ class Device(abc.ABC):
     def __init__(self) -> None:
         self._next_id = 0
         self._trace: Trace | None = None
+        self._marks: Trace | None = None  # where timed spans go (the trace, also inside a replay)
         self._capture: _Capture | None = None
 
     # ---- ids and tracing -------------------------------------------------
@@ -87,11 +117,11 @@ class Device(abc.ABC):
     def tracing(self) -> Iterator[Trace]:
         """Record every op enqueued inside the block (costly: not for the hot loop)."""
         trace = Trace()
-        self._trace = trace
+        self._trace = self._marks = trace
         try:
             yield trace
         finally:
-            self._trace = None
+            self._trace = self._marks = None
 
     @property
     def recording(self) -> bool:
@@ -111,6 +141,51 @@ class Device(abc.ABC):
     @property
     def capturing(self) -> bool:
         return self._capture is not None
+
+    # ---- timeline of a traced replay ----------------------------------------
+    @contextlib.contextmanager
+    def _timed(self, stream: Stream, name: str, kind: str) -> Iterator[None]:
+        """Time the ops enqueued inside the block on `stream` (only while tracing)."""
+        if self._marks is None or self.capturing:
+            yield
+            return
+        begin = self._marker(stream, end=False)
+        yield
+        self._marks.marks.append((stream.id, name, kind, begin, self._marker(stream, end=True)))
+
+    def _marker(self, stream: Stream, end: bool):
+        """Something that says, once the work has run, when the stream got here."""
+        return None
+
+    def _marker_us(self, marker) -> float | None:
+        return None
+
+    def timeline(self, trace: Trace) -> list[Span]:
+        """The timed spans of a trace, in microseconds from the first; call after a synchronize."""
+        raw = [(sid, name, kind, self._marker_us(b), self._marker_us(e)) for sid, name, kind, b, e in trace.marks]
+        raw = [r for r in raw if r[3] is not None and r[4] is not None]
+        if not raw:
+            return []
+        t0 = min(r[3] for r in raw)
+        names = trace.stream_names
+        return [
+            Span(names.get(sid, f"stream{sid}"), name, kind, round(b - t0, 3), round(max(e, b) - t0, 3))
+            for sid, name, kind, b, e in raw
+        ]
+
+    # ---- gates -----------------------------------------------------------------
+    def gate(self, timeout_s: float) -> Gate:
+        """A gate for the load stream; raises GateUnavailable where none can be built."""
+        raise GateUnavailable(f"the {self.name} device has no gate")
+
+    def host_wait(self, event: Event, timeout_s: float) -> bool:
+        """Block the host until `event` completes or `timeout_s` passes; True if it completed."""
+        deadline = time.monotonic() + timeout_s
+        while not event.query():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(20e-6)
+        return True
 
     # ---- the device_module-like surface ----------------------------------
     @abc.abstractmethod

@@ -7,15 +7,25 @@ none of it, which is exactly the property under test.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 
-from harness.devices.base import Device, Event, Graph, Stream, _Capture
-from harness.errors import DeviceUnavailable, ReplayTimeout
-from harness.trace import Copy, Delay, HostSync, Record, Region, Wait
+from harness.devices.base import (
+    Device,
+    Event,
+    Gate,
+    GateUnavailable,
+    Graph,
+    Stream,
+    _Capture,
+)
+from harness.errors import DeviceUnavailable, HarnessError, ReplayTimeout
+from harness.trace import Copy, Delay, Hold, HostSync, Record, Region, Wait
 
 
 class CudaStream(Stream):
@@ -28,7 +38,8 @@ class CudaStream(Stream):
     def wait_event(self, event: Event) -> None:
         if self._device.recording:
             self._device._note(Wait(self.id, event.id, in_graph=self._device.capturing))
-        self.raw.wait_event(event.raw)  # type: ignore[attr-defined]
+        with self._device._timed(self, f"wait e{event.id}", "wait"):
+            self.raw.wait_event(event.raw)  # type: ignore[attr-defined]
 
 
 class CudaEvent(Event):
@@ -40,13 +51,13 @@ class CudaEvent(Event):
         self.raw = torch.cuda.Event(external=True) if external else torch.cuda.Event()
 
     def record(self, stream: Stream | None = None) -> None:
-        if stream is None:
-            self.raw.record()  # the current stream, without wrapping it
-            if self._device.recording:
-                self._device._note(Record(self._device.current_stream().id, self.id))
+        dev = self._device
+        if stream is None and not dev.recording:
+            self.raw.record()  # the hot path: the current stream, without wrapping it
             return
-        if self._device.recording:
-            self._device._note(Record(stream.id, self.id))
+        stream = stream or dev.current_stream()
+        if dev.recording:
+            dev._note(Record(stream.id, self.id))
         self.raw.record(stream.raw)  # type: ignore[attr-defined]
 
     def query(self) -> bool:
@@ -64,8 +75,89 @@ class CudaGraph(Graph):
         self.body = body
 
     def replay(self) -> None:
-        self._device._replayed(self)
-        self.raw.replay()
+        dev = self._device
+        dev._replayed(self)
+        with dev._timed(dev.current_stream(), f"replay graph {self.id}", "replay"):
+            self.raw.replay()
+
+
+def _driver():
+    """CUDA's driver API through cuda-bindings (newer layout first), or None."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        try:
+            from cuda import cuda as driver  # cuda-python before 12.6
+        except ImportError:
+            return None
+    return driver
+
+
+class CudaGate(Gate):
+    """`cuStreamWaitValue32` on a pinned host flag: the stream polls it until the host writes.
+
+    Each hold waits for a higher value (GEQ), so the flag never needs resetting and
+    a late write from an old watchdog can only open a gate that was due anyway.
+    """
+
+    mode = "cuStreamWaitValue32"
+
+    def __init__(self, device: "CudaDevice", timeout_s: float):
+        cu = _driver()
+        if cu is None:
+            raise GateUnavailable("cuda.bindings is not importable (pip install cuda-bindings)")
+        self._cu = cu
+        self._device = device
+        self.id = device._new_id()
+        self.timeout_s = timeout_s
+        self.timed_out = False
+        self.flag = torch.zeros(1, dtype=torch.int32).pin_memory()
+        err, ptr = cu.cuMemHostGetDevicePointer(self.flag.data_ptr(), 0)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise GateUnavailable(f"cuMemHostGetDevicePointer failed: {err}")
+        self._dptr = ptr
+        self._target = 0
+        self._watchdog: threading.Timer | None = None
+        self._lock = threading.Lock()
+
+    def _write(self, value: int) -> None:
+        # A plain store into pinned memory: the device sees it on its next poll.
+        ctypes.c_int32.from_address(self.flag.data_ptr()).value = value
+
+    def hold(self) -> None:
+        cu = self._cu
+        stream = self._device.current_stream()
+        with self._lock:
+            if self._watchdog is not None:
+                raise HarnessError("gate held twice without a release")
+            self._target += 1
+            if self._device.recording:
+                self._device._note(Hold(stream.id, self.id))
+            with self._device._timed(stream, f"gate {self.id}", "gate"):
+                (err,) = cu.cuStreamWaitValue32(
+                    cu.CUstream(stream.raw.cuda_stream), self._dptr, self._target,
+                    cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ,
+                )
+            if err != cu.CUresult.CUDA_SUCCESS:
+                raise GateUnavailable(f"cuStreamWaitValue32 failed: {err}")
+            self._watchdog = threading.Timer(self.timeout_s, self._expire)
+            self._watchdog.daemon = True
+            self._watchdog.start()
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._watchdog is None:
+                return
+            self.timed_out = True
+            self._watchdog = None
+            self._write(self._target)
+
+    def release(self) -> None:
+        with self._lock:
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+                self._watchdog = None
+            self._write(self._target)
 
 
 class CudaDevice(Device):
@@ -81,6 +173,10 @@ class CudaDevice(Device):
         self._streams: dict[int, CudaStream] = {}
         self._owned: list[CudaStream] = []  # streams work is enqueued on (not capture streams)
         self.cycles_per_us = self._calibrate_sleep()
+        # Timeline markers are timed against this one event (device time, any stream).
+        self._epoch = torch.cuda.Event(enable_timing=True)
+        self._epoch.record()
+        self._epoch.synchronize()
 
     # ---- device_module surface ---------------------------------------------------
     def _wrap(self, raw: torch.cuda.Stream, name: str) -> CudaStream:
@@ -110,14 +206,27 @@ class CudaDevice(Device):
     def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region) -> None:
         if self.recording:
             self._note(Copy(self.current_stream().id, region))
-        dst.copy_(src, non_blocking=True)
+        with self._timed(self.current_stream(), f"H2D {region}", "copy"):
+            dst.copy_(src, non_blocking=True)
 
     def delay(self, us: float) -> None:
         if us <= 0:
             return
         if self.recording:
             self._note(Delay(self.current_stream().id, us))
-        torch.cuda._sleep(int(us * self.cycles_per_us))
+        with self._timed(self.current_stream(), f"delay {us:g}us", "delay"):
+            torch.cuda._sleep(int(us * self.cycles_per_us))
+
+    def gate(self, timeout_s: float) -> CudaGate:
+        return CudaGate(self, timeout_s)
+
+    def _marker(self, stream: Stream, end: bool):
+        e = torch.cuda.Event(enable_timing=True)
+        e.record(stream.raw)  # type: ignore[attr-defined]
+        return e
+
+    def _marker_us(self, marker) -> float | None:
+        return self._epoch.elapsed_time(marker) * 1e3 if marker is not None else None
 
     def _calibrate_sleep(self, cycles: int = 200_000, repeats: int = 7) -> float:
         """Cycles of `torch.cuda._sleep` per microsecond, measured on this device now.

@@ -24,9 +24,9 @@ from dataclasses import dataclass, fields
 import torch
 
 from harness.clocks import Clock, Stamp, StreamClocks
-from harness.devices.base import Device, Event, Graph, Stream, _Capture
+from harness.devices.base import Device, Event, Gate, Graph, Stream, _Capture
 from harness.errors import HarnessError, InputError
-from harness.trace import Copy, Delay, HostSync, Record, Region, Wait
+from harness.trace import Copy, Delay, Hold, HostSync, Record, Region, Wait
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,18 @@ class SimCosts:
         return cls(**values)
 
 
+# While a gate holds a stream, its work is placed at HELD and later in virtual time
+# (far past any real run); releasing the gate shifts everything placed there back to
+# the release time. One uniform shift is exact: whatever depends on held work was
+# placed after it through the same max(), so every such time moves together.
+HELD = 1e12
+_HELD_FROM = HELD / 2  # a time at or past this still waits on a held gate
+
+
+def _is_held(t: float | None) -> bool:
+    return t is not None and t >= _HELD_FROM
+
+
 class CaptureInvalidated(HarnessError):
     """A plain event was waited on inside a capture (CUDA invalidates the capture)."""
 
@@ -93,6 +105,8 @@ class SimEvent(Event):
         return self.time is None or self.time <= self._device.host_clock
 
     def synchronize(self) -> None:
+        if _is_held(self.time):
+            self._device._open_gates()
         if self.time is not None:
             self._device._advance_host(self.time)
 
@@ -104,6 +118,46 @@ class _Pending:
     region: Region
     stamp: Stamp  # its place in the stream order, for happens-before
     lands: float  # virtual time it lands
+
+
+class SimGate(Gate):
+    """A gate in virtual time: see HELD. Its watchdog fires when the host would block on it."""
+
+    mode = "simulated"
+
+    def __init__(self, device: "SimDevice", timeout_s: float):
+        self._device = device
+        self.id = device._new_id()
+        self.timeout_s = timeout_s
+        self.timed_out = False
+        self._held_from: float | None = None  # virtual time the held stream reached the gate
+
+    @property
+    def held(self) -> bool:
+        return self._held_from is not None
+
+    def hold(self) -> None:
+        if self.held:
+            raise HarnessError("gate held twice without a release")
+        stream = self._device.current_stream()
+        self._held_from = self._device._launch(stream, 0.0)
+        stream.clock = max(stream.clock, HELD)
+        self._device._gates.append(self)
+        self._device._note(Hold(stream.id, self.id))
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        start = max(self._held_from, self._device.host_clock)
+        self._held_from = None
+        self._device._gates.remove(self)
+        self._device._shift_held(HELD - start)
+
+    def expire(self) -> None:
+        """The watchdog: the host would have blocked on held work until the timeout."""
+        self._device.host_clock += self.timeout_s * 1e6
+        self.timed_out = True
+        self.release()
 
 
 class SimGraph(Graph):
@@ -129,6 +183,9 @@ class SimDevice(Device):
         self._streams: list[SimStream] = []
         self._pending: list[_Pending] = []
         self._replaying = False  # re-running a graph's Python: only graph-node waits count
+        self._gates: list[SimGate] = []  # gates holding a stream now
+        self._held_events: list[SimEvent] = []  # events placed in held time
+        self._held_marks: list[list[float]] = []  # timeline markers placed in held time
         self._stack: list[SimStream] = [self.Stream("default")]
 
     # ---- device_module surface -------------------------------------------
@@ -168,10 +225,61 @@ class SimDevice(Device):
         self.host_clock = max(self.host_clock, t)
         self._land(lambda p: p.lands <= self.host_clock)
 
+    def _shift_held(self, shift: float) -> None:
+        """Move everything placed in held time back by `shift` (a gate opened)."""
+        if shift <= 0:
+            return
+        for st in self._streams:
+            if _is_held(st.clock):
+                st.clock -= shift
+        for p in self._pending:
+            if _is_held(p.lands):
+                p.lands -= shift
+        for e in self._held_events:
+            if _is_held(e.time):
+                e.time -= shift
+        for m in self._held_marks:
+            if _is_held(m[0]):
+                m[0] -= shift
+        self._held_events = [e for e in self._held_events if _is_held(e.time)]
+        self._held_marks = [m for m in self._held_marks if _is_held(m[0])]
+
+    def _open_gates(self) -> None:
+        """The host would block on work behind a gate: each gate's watchdog opens it."""
+        while self._gates:
+            self._gates[0].expire()
+
+    def gate(self, timeout_s: float) -> SimGate:
+        return SimGate(self, timeout_s)
+
+    def host_wait(self, event: Event, timeout_s: float) -> bool:
+        t = event.time  # type: ignore[attr-defined]
+        if t is None or t <= self.host_clock:
+            return True
+        if not _is_held(t) and t <= self.host_clock + timeout_s * 1e6:
+            self._advance_host(t)
+            return True
+        self.host_clock += timeout_s * 1e6
+        return False
+
+    # ---- timeline markers: virtual times, shifted with held work ----------------
+    def _marker(self, stream: Stream, end: bool):
+        t = stream.clock if end else max(stream.clock, self.host_clock)  # type: ignore[attr-defined]
+        m = [t]
+        if _is_held(t):
+            self._held_marks.append(m)
+        return m
+
+    def _marker_us(self, marker) -> float | None:
+        return None if marker is None or _is_held(marker[0]) else marker[0]
+
     # ---- events ---------------------------------------------------------------
     def _record(self, event: SimEvent, stream: SimStream) -> None:
-        self._launch(stream, 0.0)
+        with self._timed(stream, f"record e{event.id}", "record"):
+            self._launch(stream, 0.0)
         event.time = stream.clock
+        if _is_held(event.time):
+            self._held_events.append(event)
         event.clock = self.clocks.record(stream.id)
         self._note(Record(stream.id, event.id))
 
@@ -184,29 +292,33 @@ class SimDevice(Device):
                 "(CUDA: cudaErrorStreamCaptureInvalidated); use an external event"
             )
         self._note(Wait(stream.id, event.id, in_graph=self.capturing))
-        self._launch(stream, 0.0)
-        self.clocks.wait(stream.id, event.clock)  # a never-recorded event orders nothing
-        if event.time is not None:
-            stream.clock = max(stream.clock, event.time)
+        with self._timed(stream, f"wait e{event.id}", "wait"):
+            self._launch(stream, 0.0)
+            self.clocks.wait(stream.id, event.clock)  # a never-recorded event orders nothing
+            if event.time is not None:
+                stream.clock = max(stream.clock, event.time)
 
     # ---- copies, delays, accesses -----------------------------------------------
     def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region) -> None:
         stream = self.current_stream()
         nbytes = src.numel() * src.element_size()
-        start = self._launch(stream, 0.0)
-        duration = nbytes / (self.costs.bandwidth_gbps * 1e3)  # GB/s -> bytes/us
-        stream.clock = start + duration
+        with self._timed(stream, f"H2D {region}", "copy"):
+            start = self._launch(stream, 0.0)
+            duration = nbytes / (self.costs.bandwidth_gbps * 1e3)  # GB/s -> bytes/us
+            stream.clock = start + duration
         self._pending.append(_Pending(dst, src, region, self.clocks.stamp(stream.id), stream.clock))
         self._note(Copy(stream.id, region))
 
     def delay(self, us: float) -> None:
-        self._launch(self.current_stream(), us)
+        with self._timed(self.current_stream(), f"delay {us:g}us", "delay"):
+            self._launch(self.current_stream(), us)
         self._note(Delay(self.current_stream().id, us))
 
     def access(self, reads=(), writes=(), what: str = "") -> None:
         super().access(reads, writes, what)
         stream = self.current_stream()
-        start = self._launch(stream, self.costs.access_us)
+        with self._timed(stream, what or "access", "access"):
+            start = self._launch(stream, self.costs.access_us)
         regions = tuple(reads) + tuple(writes)
 
         def visible(p: _Pending) -> bool:
@@ -249,14 +361,17 @@ class SimDevice(Device):
         prev_trace, self._trace = self._trace, None  # the replay is traced as one op
         self._replaying = True
         try:
-            graph._fn()
+            with self._timed(stream, f"replay graph {graph.id}", "replay"):
+                graph._fn()
         finally:
             self._replaying = False
             self._trace = prev_trace
 
     # ---- host ----------------------------------------------------------------
     def synchronize(self, timeout_s: float = 30.0) -> None:
-        # Virtual time always finishes; the timeout matters only on real devices.
+        # Virtual time always finishes (a held gate's watchdog opens it); the timeout
+        # matters only on real devices.
+        self._open_gates()
         self._advance_host(max(s.clock for s in self._streams))
         self._land(lambda p: True)
         self.clocks.host_sync()

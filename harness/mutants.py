@@ -1,0 +1,80 @@
+"""The mutant kill matrix: each known-bad variant must be caught, each correct one must not.
+
+A scenario that expects a race is a mutant; one that expects clean is a correct
+variant. A mutant is killed when the harness reports a race for it: stale data
+in some replay (the oracle), or an unordered copy/access pair in the trace (the
+happens-before analyser). The evidence is kept apart, so a report can say which
+caught it. A correct variant is flagged on either kind of evidence.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from harness.pipeline import ScenarioResult
+from harness.scenario import Expect
+
+
+class Role(str, enum.Enum):
+    MUTANT = "mutant"
+    CORRECT = "correct"
+
+
+class Outcome(str, enum.Enum):
+    KILLED = "killed"  # a mutant the harness caught
+    SURVIVED = "survived"  # a mutant the harness missed: a hole in the harness
+    CLEAN = "clean"  # a correct variant with no race reported
+    FLAGGED = "flagged"  # a correct variant reported as racy: a false positive
+    ERROR = "error"  # the scenario did not run to the end
+
+
+@dataclass(frozen=True)
+class MatrixRow:
+    name: str
+    role: Role
+    variant: str  # what makes it this variant, in words
+    outcome: Outcome
+    stale_replays: int
+    replays: int
+    findings: int
+    evidence: tuple[str, ...]  # "data", "analysis"
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in (Outcome.KILLED, Outcome.CLEAN)
+
+    @property
+    def stale_rate(self) -> float:
+        return self.stale_replays / self.replays if self.replays else 0.0
+
+
+def classify(r: ScenarioResult) -> MatrixRow:
+    s = r.scenario
+    role = Role.MUTANT if s.expect is Expect.RACE else Role.CORRECT
+    evidence = tuple(
+        name for name, seen in (("data", r.tally.stale_replays > 0), ("analysis", bool(r.findings))) if seen
+    )
+    if r.error is not None:
+        outcome = Outcome.ERROR
+    elif role is Role.MUTANT:
+        outcome = Outcome.KILLED if evidence else Outcome.SURVIVED
+    else:
+        outcome = Outcome.FLAGGED if evidence else Outcome.CLEAN
+    return MatrixRow(
+        name=s.name,
+        role=role,
+        variant=s.describe(),
+        outcome=outcome,
+        stale_replays=r.tally.stale_replays,
+        replays=r.tally.replays,
+        findings=len(r.findings),
+        evidence=evidence,
+        error=r.error,
+    )
+
+
+def matrix_ok(rows: list[MatrixRow]) -> bool:
+    """Every mutant killed and every correct variant clean."""
+    return all(row.ok for row in rows)
