@@ -1,6 +1,7 @@
 # make test      CPU suite (creates .venv on first use; torch pinned to the CPU build 2.13.0)
 # make run       the default scenario set: on the GPU when torch sees one, else on the CPU simulator
-# make gpu-test  GPU tests + a CUDA run, on a runner that already has torch (no install step)
+# make gpu-test  GPU tests + a CUDA run + the mutant kill matrix, on a runner that already has
+#                torch (no install step)
 
 VENV      ?= .venv
 VPY       := $(VENV)/bin/python
@@ -33,6 +34,7 @@ gpu-test:
 	mkdir -p $(REPORTS)
 	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu -p no:cacheprovider --junitxml=$(REPORTS)/junit.xml
 	PYTHONPATH=. $(PYTHON) -m harness run --device cuda --out $(REPORTS)
+	PYTHONPATH=. $(PYTHON) -m harness mutants --device cuda --out $(REPORTS)/mutants
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

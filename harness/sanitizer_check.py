@@ -32,7 +32,7 @@ def _one(name: str, waits: bool, replays: int) -> dict:
     from harness.scenario import DelayWhere, Fault, FaultKind
     from harness.scenario_file import default_files, load_files
 
-    scenario = {s.name: s for s in load_files(default_files())}[name].with_overrides(waits=waits)
+    scenario = {s.name: s for s in load_files(default_files())}[name].with_overrides(accessor="per_layer" if waits else "none")
     if not waits:  # outlast the eager ops' host launch time, as the eager controls do
         scenario = scenario.with_overrides(fault=Fault(FaultKind.DELAY, 10_000.0, DelayWhere.FIRST))
     dev = CudaDevice()

@@ -140,8 +140,9 @@ class SimGate(Gate):
         if self.held:
             raise HarnessError("gate held twice without a release")
         stream = self._device.current_stream()
-        self._held_from = self._device._launch(stream, 0.0)
-        stream.clock = max(stream.clock, HELD)
+        with self._device._timed(stream, f"gate {self.id}", "gate"):
+            self._held_from = self._device._launch(stream, 0.0)
+            stream.clock = max(stream.clock, HELD)
         self._device._gates.append(self)
         self._device._note(Hold(stream.id, self.id))
 

@@ -1,0 +1,1 @@
+"""Worked examples of the plugin API (see README, "Plugins")."""

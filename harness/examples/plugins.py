@@ -1,0 +1,45 @@
+"""Example plugins: one fence, one accessor wait policy and one load-back schedule.
+
+Point a scenario at them by path, as a user points at their own module:
+
+    fence = "harness.examples.plugins:every_layer_fence"
+    accessor = "harness.examples.plugins:wait_for_whole_load"
+    schedule = "harness.examples.plugins:mamba_state_first"
+"""
+
+from __future__ import annotations
+
+from harness.fences import FenceContext
+from harness.loadback import LayerDoneCounter
+from harness.schedules import LoadOp
+
+
+def every_layer_fence(ctx: FenceContext) -> None:
+    """Wait on every layer's load event before replay (correct, and no cheaper than one wait)."""
+    if ctx.op is None or ctx.counter.consumer_index < 0:
+        return  # no load pending for this batch
+    for event in ctx.op.load_events:
+        ctx.forward.wait_event(event)
+
+
+def wait_for_whole_load(counter: LayerDoneCounter, layer_id: int, pool: str) -> None:
+    """Every accessor waits for the whole load op, whatever layer it serves (correct, slower)."""
+    counter.wait_until(counter.num_layers - 1)
+
+
+def mamba_state_first(op: LoadOp) -> None:
+    """Copy every Mamba layer's state before any KV, recording each layer's event after its copy.
+
+    Events are recorded in copy order; a layer's event still follows its own copy,
+    so the per-layer waits and the final-event fence stay correct. The final event
+    is `load_events[-1]`, so the last layer must be recorded last: it is copied last.
+    """
+    op.wait_start()
+    op.hold()
+    last = op.num_layers - 1
+    pools = [{c.region.pool for chunk in op.plan[i] for c in chunk} for i in range(op.num_layers)]
+    mamba = [i for i in range(last) if pools[i] & {"conv", "ssm"}]
+    rest = [i for i in range(op.num_layers) if i not in mamba]
+    for layer in mamba + rest:
+        op.copy_layer(layer)
+        op.events.complete(layer)

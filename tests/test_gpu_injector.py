@@ -1,0 +1,96 @@
+"""The fault injector, hazards and kill matrix on a real GPU (skipped without CUDA)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from harness.loadback import plan_copies
+from harness.mutants import Role, classify, matrix_ok
+from harness.pipeline import Bench, run_scenario
+from harness.scenario import Expect, Fault, FaultKind
+from harness.scenario_file import SCENARIO_DIR, default_files, load_file, load_files
+
+pytestmark = pytest.mark.gpu
+
+MATRIX = load_file(SCENARIO_DIR / "mutants" / "kill_matrix.toml")
+FAULTS = {s.name: s for s in load_files(default_files())}
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    from harness.devices.cuda import CudaDevice
+
+    return CudaDevice()
+
+
+def test_kill_matrix_every_mutant_caught_in_the_data_and_every_correct_variant_clean(cuda):
+    rows = [classify(run_scenario(s, cuda, replays=50)) for s in MATRIX]
+    assert matrix_ok(rows), [(r.name, r.outcome.value, r.error) for r in rows if not r.ok]
+    for r in rows:
+        if r.role is Role.MUTANT:  # on the GPU the stale data itself shows, every replay
+            assert r.stale_replays == r.replays, (r.name, r.stale_replays, r.replays)
+
+
+def test_gate_makes_full_none_stale_in_every_replay_and_the_fence_clean(cuda):
+    race = run_scenario(FAULTS["gate-full-none"], cuda, replays=200)
+    assert race.fault_mode == "gate (cuStreamWaitValue32)"
+    assert race.tally.stale_replays == 200, race.tally
+    fenced = run_scenario(FAULTS["gate-full-final_event"], cuda, replays=200)
+    assert fenced.error is None and fenced.tally.stale_replays == 0
+
+
+def test_chunked_staleness_is_whole_chunks_late_in_copy_order(cuda):
+    s = FAULTS["chunked-full-none"].with_overrides(fault=Fault(FaultKind.CHUNKED, 150.0, chunks=4))
+    b = Bench.build(s, cuda)
+    chunks = plan_copies(b.layout, b.host, b.pool, 4)
+    verdicts = []
+    r = run_scenario(s, cuda, replays=100, on_replay=lambda i, v: verdicts.append(v))
+    assert r.error is None and r.tally.stale_replays > 0
+    for v in verdicts:
+        for layer, parts in enumerate(chunks):
+            # zip(*parts): the pieces of each whole copy (a pool of a request), in copy order.
+            assert len({len(p) for p in parts}) == 1
+            for copies in zip(*parts):
+                pieces = [c.region for c in copies]
+                stale = [{slot for (lay, pool, slot) in v.slots
+                          if lay == layer and pool == reg.pool and reg.start <= slot < reg.stop}
+                         for reg in pieces]
+                assert all(not st or st == set(range(reg.start, reg.stop)) for st, reg in zip(stale, pieces))
+                flags = [bool(st) for st in stale]
+                assert flags == sorted(flags), (layer, flags)  # once late, later chunks are late too
+
+
+def test_a_gate_never_opened_times_out_as_an_error_and_the_device_still_works(cuda, tmp_path, monkeypatch):
+    (tmp_path / "stuck_gate_gpu.py").write_text(textwrap.dedent("""
+        def schedule(op):
+            op.wait_start()
+            op.gate.hold()  # behind the harness's back: nothing will open it
+            for layer in range(op.num_layers):
+                op.copy_layer(layer)
+                op.events.complete(layer)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    s = FAULTS["gate-full-final_event"].with_overrides(schedule="stuck_gate_gpu:schedule")
+    r = run_scenario(s, cuda, replays=3, timeout_s=2.0)
+    assert r.error is not None and r.error.startswith("gate-timeout in replay"), r.error
+    after = run_scenario(FAULTS["gate-full-final_event"], cuda, replays=5)
+    assert after.error is None and after.tally.stale_replays == 0
+
+
+def test_without_cuda_bindings_the_gate_falls_back_to_a_long_delay_and_says_so(cuda, monkeypatch):
+    import harness.devices.cuda as cuda_module
+
+    monkeypatch.setattr(cuda_module, "_driver", lambda: None)
+    r = run_scenario(FAULTS["gate-full-none"], cuda, replays=20)
+    assert r.fault_mode.startswith("delay 20000us first (gate fallback: cuda.bindings is not importable")
+    assert r.tally.stale_replays == 20
+
+
+def test_sweep_detection_rises_to_certainty_and_fenced_stays_clean(cuda):
+    race = run_scenario(FAULTS["sweep-full-none"], cuda, replays=50)
+    assert [p.us for p in race.sweep] == [0, 5, 20, 50, 200, 1000]
+    assert race.sweep[-1].tally.stale_rate == 1.0
+    fenced = run_scenario(FAULTS["sweep-full-final_event"], cuda, replays=50)
+    assert fenced.tally.stale_replays == 0 and fenced.scenario.expect is Expect.CLEAN
