@@ -17,6 +17,8 @@ from harness.errors import HarnessError, InputError
 from harness.oracle import ReplayVerdict
 from harness.pipeline import ScenarioResult, run_scenario
 from harness.plugins import Kind, resolve
+from harness.report.cli import HANDLERS as REPORT_HANDLERS
+from harness.report.cli import add_commands as add_report_commands
 from harness.scenario import Scenario
 from harness.trace import describe
 
@@ -63,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="scenario file(s) to look in (default: scenarios/*.toml)")
     repro.add_argument("--seed", type=int, help="override the scenario's seed")
     common(repro)
+    add_report_commands(sub)
     return p
 
 
@@ -102,6 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     results, started = _run_all(scenarios, dev, args)
     doc = build_results(results, dev.describe(), started, time.time())
     path = write_results(args.out, doc)
+    _write_report(doc, args.out)
     met = sum(r.met for r in results)
     print(f"{met}/{len(results)} scenarios met their expectation; results: {path}")
     return 0 if met == len(results) else 1
@@ -146,9 +150,21 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     ]}}
     doc = build_results(results, dev.describe(), started, time.time(), section)
     path = write_results(args.out, doc)
+    _write_report(doc, args.out)
     print(f"{killed}/{len(mutants)} mutants killed, {clean}/{len(correct)} correct variants clean; "
           f"results: {path}")
     return 0 if matrix_ok(rows) else 1
+
+
+def _write_report(doc: dict, out: Path) -> None:
+    """summary.md and report.html next to results.json; a failure here never loses the results."""
+    from harness.report.cli import append_step_summary, write_all
+
+    try:
+        write_all(doc, out)
+        append_step_summary(out / "summary.md")
+    except Exception as e:  # noqa: BLE001 - results.json is written; the report is a view of it
+        print(f"fence-harness: warning: report not written: {e}", file=sys.stderr)
 
 
 def _describe_verdict(i: int, v: ReplayVerdict) -> str:
@@ -194,7 +210,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "repro": cmd_repro, "mutants": cmd_mutants}[args.command](args)
+        handlers = {"run": cmd_run, "repro": cmd_repro, "mutants": cmd_mutants, **REPORT_HANDLERS}
+        return handlers[args.command](args)
     except HarnessError as e:
         print(f"fence-harness: {e}", file=sys.stderr)
         return e.exit_code

@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from harness.pipeline import ScenarioResult
+from harness.report.environment import collect_environment
 
 SCHEMA_VERSION = 1
 
@@ -107,8 +108,9 @@ def build_results(
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(finished)),
         "command": sys.argv,
-        "environment": {**device, "python": platform.python_version(), "host": platform.node(),
-                        "cpu": platform.processor() or platform.machine()},
+        "environment": collect_environment({**device, "python": platform.python_version(),
+                                            "host": platform.node(),
+                                            "cpu": platform.processor() or platform.machine()}),
         "summary": {
             "scenarios": len(results),
             "met": sum(r.met for r in results),
@@ -128,6 +130,7 @@ def write_atomic(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; reports are read by others (CI artifacts)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -1,0 +1,11 @@
+"""Reports over results.json: a Markdown summary, a self-contained HTML page with plots, Chrome
+traces of stream timelines, and a comparison of two runs.
+
+    schema       the results.json layout (version 1) and `validate`
+    environment  `collect_environment`: device, NVML (matched by UUID) and host details
+    summary      summary.md
+    html, plots  report.html and its figures (matplotlib, imported only when plotting)
+    timeline     `write_chrome_trace` for Perfetto / chrome://tracing
+    compare      `compare(new, baseline)`: new races, unmet expectations, cost regressions
+    cli          the `report` and `compare` subcommands, `write_all`, `append_step_summary`
+"""

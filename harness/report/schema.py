@@ -1,0 +1,224 @@
+"""results.json, schema version 1: what the report reads, and a checker for it.
+
+A document is one JSON object::
+
+    schema_version  1
+    run_id, git_commit, started, finished, command   run metadata (strings; git_commit may be null)
+    environment     {device, torch, gpu?, cuda?, driver?, ...}: what the device and host reported
+    summary         {scenarios, met, errors}: counts
+    scenarios       one entry per scenario, in run order:
+        name, expect ("race" | "clean"), observed ("race" | "clean" | null on error), met, error,
+        replays, stale_replays, stale_rate, stale_layers {layer: replays}, findings [sentence],
+        timings {wall_s, replay_loop_s, replays_per_s},
+        definition {backend, fence, accessor (older files: waits), ...}
+        and, when the run produced them:
+        sweep       [{us, replays, stale_replays, stale_rate}]: detection against injected delay
+                    (empty when the fault was not a sweep)
+        hazard      "raw" | "waw" | "war"
+        fault_mode  how the fault was built, e.g. "gate (cuStreamWaitValue32)", or null
+        timeline    {clock: "virtual" | "device", stale_layers: [int],
+                     spans: [{stream, name, kind, start_us, end_us, layer?}]}: one traced
+                    replay, or null; span kinds: copy record wait replay delay gate access sync
+    mutants         (optional) {matrix: [{name, role: "mutant" | "correct", variant, outcome:
+                    "killed" | "survived" | "clean" | "flagged" | "error", stale_rate, findings}]}
+    bench           (optional) {points: [{model, layers, prefix, strategy, median_ms, p10_ms,
+                                          p90_ms, ratio_to_bound, load_ms, compute_ms}]}
+
+`SCHEMA` below is the same thing as data. Keys not listed are allowed (newer writers may add
+some), listed keys must have the listed type; a key ending in "?" may be absent, and the
+optional sections may also be null.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.errors import InputError
+from harness.results import SCHEMA_VERSION
+
+
+class ReportInputError(InputError):
+    """A results document that cannot be read: not JSON, another schema, a key missing."""
+
+
+# --- the type vocabulary of SCHEMA ---------------------------------------------------------
+
+
+class OneOf:
+    """One of a few literal values (an enum)."""
+
+    def __init__(self, *values):
+        self.values = values
+
+
+@dataclass(frozen=True)
+class Nullable:
+    inner: object
+
+
+@dataclass(frozen=True)
+class MapOf:
+    """An object with free keys, every value of one type (stale_layers, stale_pools)."""
+
+    inner: object
+
+
+NUMBER = "number"  # int or float, never bool
+INT = "int"
+STR = "str"
+BOOL = "bool"
+
+SPAN_KINDS = OneOf("copy", "record", "wait", "replay", "delay", "gate", "access", "sync")
+
+SCENARIO = {
+    "name": STR,
+    "expect": OneOf("race", "clean"),
+    "observed": Nullable(OneOf("race", "clean")),
+    "met": BOOL,
+    "error": Nullable(STR),
+    "replays": INT,
+    "stale_replays": INT,
+    "stale_rate": NUMBER,
+    "stale_layers": MapOf(INT),
+    "findings": [STR],
+    "timings": {"replays_per_s": NUMBER, "wall_s?": NUMBER, "replay_loop_s?": NUMBER},
+    "definition?": {"backend?": STR, "fence?": STR, "waits?": BOOL, "accessor?": STR},
+    "sweep?": [{"us": NUMBER, "replays": INT, "stale_replays": INT, "stale_rate": NUMBER}],
+    "hazard?": OneOf("raw", "waw", "war"),
+    "fault_mode?": Nullable(STR),
+    "timeline?": Nullable({
+        "clock": OneOf("virtual", "device"),
+        "spans": [{"stream": STR, "name": STR, "kind": SPAN_KINDS, "start_us": NUMBER,
+                   "end_us": NUMBER, "layer?": INT}],
+        "stale_layers": [INT],
+    }),
+}
+
+SCHEMA = {
+    "schema_version": INT,
+    "run_id?": STR,
+    "git_commit?": Nullable(STR),
+    "started?": STR,
+    "finished?": STR,
+    "environment": {"device": STR, "torch?": STR, "gpu?": STR, "driver?": STR},
+    "summary": {"scenarios": INT, "met": INT, "errors": INT},
+    "scenarios": [SCENARIO],
+    "mutants?": Nullable({
+        "matrix": [{"name": STR, "role": OneOf("mutant", "correct"), "variant": STR,
+                    "outcome": OneOf("killed", "survived", "clean", "flagged", "error"),
+                    "stale_rate": NUMBER, "findings": INT}],
+    }),
+    "bench?": Nullable({
+        "points": [{"model": STR, "layers": INT, "prefix": INT, "strategy": STR,
+                    "median_ms": NUMBER, "p10_ms": NUMBER, "p90_ms": NUMBER,
+                    "ratio_to_bound": NUMBER, "load_ms": NUMBER, "compute_ms": NUMBER}],
+    }),
+}
+
+
+# --- checking ------------------------------------------------------------------------------
+
+
+def _is(value, kind: str) -> bool:
+    # bool is an int subclass in Python; JSON true is never a count or a rate.
+    if kind == NUMBER:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == INT:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == STR:
+        return isinstance(value, str)
+    return isinstance(value, bool)  # BOOL
+
+
+def _describe(spec) -> str:
+    if isinstance(spec, str):
+        names = {NUMBER: "a number", INT: "an integer", STR: "a string", BOOL: "true or false"}
+        return names.get(spec, "anything")
+    if isinstance(spec, OneOf):
+        return "one of " + ", ".join(json.dumps(v) for v in spec.values)
+    if isinstance(spec, Nullable):
+        return f"{_describe(spec.inner)} or null"
+    if isinstance(spec, list):
+        return "a list"
+    return "an object"
+
+
+def _short(value) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check(value, spec, key: str, source: str) -> None:
+    def fail(message: str):
+        raise ReportInputError(source, key or "(top level)", message)
+
+    if isinstance(spec, Nullable):
+        if value is not None:
+            _check(value, spec.inner, key, source)
+        return
+    if isinstance(spec, OneOf):
+        if value not in spec.values or isinstance(value, bool):
+            fail(f"expected {_describe(spec)}, got {_short(value)}")
+        return
+    if isinstance(spec, list):
+        if not isinstance(value, list):
+            fail(f"expected a list, got {_short(value)}")
+        for i, item in enumerate(value):
+            _check(item, spec[0], f"{key}[{i}]", source)
+        return
+    if isinstance(spec, MapOf):
+        if not isinstance(value, dict):
+            fail(f"expected an object, got {_short(value)}")
+        for k, v in value.items():
+            _check(v, spec.inner, f"{key}.{k}", source)
+        return
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            fail(f"expected an object, got {_short(value)}")
+        for name, inner in spec.items():
+            optional = name.endswith("?")
+            name = name.rstrip("?")
+            path = f"{key}.{name}" if key else name
+            if name not in value:
+                if optional:
+                    continue
+                raise ReportInputError(source, path, f"missing (expected {_describe(inner)})")
+            _check(value[name], inner, path, source)
+        return
+    if not _is(value, spec):
+        fail(f"expected {_describe(spec)}, got {_short(value)}")
+
+
+def validate(doc, source: str = "results.json") -> None:
+    """Raise ReportInputError naming `source` and the first bad key; return None when fine."""
+    if not isinstance(doc, dict):
+        raise ReportInputError(source, "(top level)", f"expected a JSON object, got {_short(doc)}")
+    # The version first: another schema fails on it, not on whichever key moved.
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        found = "missing" if "schema_version" not in doc else f"got {_short(version)}"
+        raise ReportInputError(source, "schema_version", f"expected {SCHEMA_VERSION}, {found}")
+    _check(doc, SCHEMA, "", source)
+    names = [s["name"] for s in doc["scenarios"]]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ReportInputError(source, "scenarios", f"scenario name '{dup}' appears twice")
+
+
+def load(path: Path) -> dict:
+    """Read and validate one results.json; every failure is one ReportInputError line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ReportInputError(str(path), "", f"cannot read: {reason}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        where = f"line {e.lineno} column {e.colno}"
+        raise ReportInputError(str(path), "", f"not valid JSON: {e.msg} at {where}") from None
+    validate(doc, str(path))
+    return doc

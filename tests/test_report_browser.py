@@ -1,0 +1,84 @@
+"""report.html in a real browser: it loads with no console message and every plot decodes.
+
+Headless Chromium dumps the DOM after the page's load event, when the page's own script has
+written the count of decoded images into <body data-images-shown>. Console messages (script
+errors, Content-Security-Policy violations) go to Chromium's log on stderr as CONSOLE lines.
+
+Skipped where Chromium is missing, unless FENCE_HARNESS_BROWSER_TEST=required (CI sets it
+after installing Chromium, so a broken install fails instead of skipping).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from harness.report.html import write_html
+from harness.report.schema import load
+
+ROOT = Path(__file__).resolve().parent.parent
+FULL = ROOT / "tests" / "data" / "report" / "results-full.json"
+BROWSER = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+
+if BROWSER is None and os.environ.get("FENCE_HARNESS_BROWSER_TEST") != "required":
+    pytest.skip("no Chromium here (apt-get install chromium); .ci/run installs it", allow_module_level=True)
+
+
+@dataclass
+class Loaded:
+    shown: int | None
+    total: int | None
+    console: list[str]
+
+
+def open_page(path: Path, profile: Path) -> Loaded:
+    assert BROWSER, "FENCE_HARNESS_BROWSER_TEST=required but no chromium on PATH"
+    proc = subprocess.run(
+        [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+         "--dump-dom", path.resolve().as_uri()],
+        capture_output=True, text=True, timeout=90,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    body = re.search(r"<body[^>]*>", proc.stdout)
+    assert body, proc.stdout[:500]
+
+    def attribute(name: str) -> int | None:
+        m = re.search(rf'{name}="(\d+)"', body.group(0))
+        return int(m.group(1)) if m else None
+
+    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+    return Loaded(attribute("data-images-shown"), attribute("data-images-total"), console)
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory) -> Path:
+    return write_html(load(FULL), tmp_path_factory.mktemp("report") / "report.html")
+
+
+def test_the_report_loads_cleanly_and_shows_every_image(page, tmp_path):
+    doc = load(FULL)
+    loaded = open_page(page, tmp_path / "profile")
+    assert loaded.console == []
+    plots = 3 + sum(1 for s in doc["scenarios"] if s.get("timeline"))
+    assert loaded.total == plots
+    assert loaded.shown == plots
+
+
+def test_the_check_sees_a_broken_image_and_a_console_error(page, tmp_path):
+    # The same page with one image's data cut short and a script the policy must refuse:
+    # proof that the test above would fail on either.
+    text = page.read_text()
+    text = re.sub(r'src="data:image/png;base64,[^"]{64}', 'src="data:image/png;base64,AAAA', text, count=1)
+    text = text.replace("</body>", "<script>console.error('not allowed')</script></body>")
+    bad = tmp_path / "bad.html"
+    bad.write_text(text)
+    loaded = open_page(bad, tmp_path / "profile")
+    assert loaded.shown == loaded.total - 1
+    assert any("Content Security Policy" in line for line in loaded.console)

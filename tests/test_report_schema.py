@@ -1,0 +1,164 @@
+"""results.json schema: what the harness writes validates, and every kind of bad document is one
+InputError line (exit 2) naming the file and the key."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.errors import InputError
+from harness.report.schema import ReportInputError, load, validate
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "reports" / "samples" / "results-h200.json"
+FULL = ROOT / "tests" / "data" / "report" / "results-full.json"
+
+TINY = """
+[models.tiny]
+layers = "AM"
+hidden = 32
+heads = 2
+kv_heads = 1
+head_dim = 16
+state = 4
+dtype = "fp32"
+
+[defaults]
+model = "tiny"
+batch = [{ prefix = 20, new = 4 }]
+replays = 2
+fault = { kind = "delay", us = 500 }
+
+[[scenario]]
+name = "tiny-full-none"
+backend = "full"
+expect = "race"
+
+[[scenario]]
+name = "tiny-full-final_event"
+backend = "full"
+fence = "final_event"
+expect = "clean"
+"""
+
+
+def test_a_document_the_harness_builds_survives_json_and_validates(tmp_path):
+    from harness.devices import open_device
+    from harness.pipeline import run_scenario
+    from harness.results import build_results, write_results
+    from harness.scenario_file import parse_text
+
+    dev = open_device("sim", [])
+    started = time.time()
+    results = [run_scenario(s, dev, replays=2) for s in parse_text(TINY, "tiny.toml")]
+    doc = build_results(results, dev.describe(), started, time.time())
+    validate(doc)
+    path = write_results(tmp_path, doc)
+    assert load(path) == json.loads(json.dumps(doc))
+
+
+@pytest.mark.parametrize("path", [SAMPLE, FULL], ids=["sample", "fixture"])
+def test_committed_documents_validate_and_round_trip(path, tmp_path):
+    doc = load(path)
+    again = tmp_path / "again.json"
+    again.write_text(json.dumps(doc))
+    assert load(again) == doc
+
+
+def test_the_fixture_holds_every_optional_section():
+    doc = load(FULL)
+    assert doc["mutants"]["matrix"] and doc["bench"]["points"]
+    keys = set().union(*(s.keys() for s in doc["scenarios"]))
+    assert {"sweep", "hazard", "fault_mode", "timeline"} <= keys
+    assert {s["hazard"] for s in doc["scenarios"]} == {"raw", "waw", "war"}
+    assert None in {s["fault_mode"] for s in doc["scenarios"]}
+
+
+def _mutate(doc: dict, change) -> dict:
+    doc = copy.deepcopy(doc)
+    change(doc)
+    return doc
+
+
+def _set(path: list, value):
+    def change(doc):
+        target = doc
+        for step in path[:-1]:
+            target = target[step]
+        if value is KeyError:
+            del target[path[-1]]
+        else:
+            target[path[-1]] = value
+    return change
+
+
+# (what is wrong, change, the key the message must name)
+BAD = [
+    ("newer schema", _set(["schema_version"], 2), "schema_version"),
+    ("no schema version", _set(["schema_version"], KeyError), "schema_version"),
+    ("version as text", _set(["schema_version"], "1"), "schema_version"),
+    ("no scenarios", _set(["scenarios"], KeyError), "scenarios"),
+    ("scenarios not a list", _set(["scenarios"], {}), "scenarios"),
+    ("no environment", _set(["environment"], KeyError), "environment"),
+    ("missing stale_rate", _set(["scenarios", 1, "stale_rate"], KeyError), "scenarios[1].stale_rate"),
+    ("rate as text", _set(["scenarios", 0, "stale_rate"], "100%"), "scenarios[0].stale_rate"),
+    ("bool for a count", _set(["scenarios", 0, "replays"], True), "scenarios[0].replays"),
+    ("unknown verdict", _set(["scenarios", 2, "observed"], "maybe"), "scenarios[2].observed"),
+    ("finding not text", _set(["scenarios", 0, "findings", 3], 7), "scenarios[0].findings[3]"),
+    ("layer count as text", _set(["scenarios", 0, "stale_layers", "2"], "many"), "scenarios[0].stale_layers.2"),
+    ("sweep point without us", _set(["scenarios", 0, "sweep", 2, "us"], KeyError), "scenarios[0].sweep[2].us"),
+    ("unknown hazard", _set(["scenarios", 4, "hazard"], "rar"), "scenarios[4].hazard"),
+    ("fault mode a number", _set(["scenarios", 0, "fault_mode"], 3), "scenarios[0].fault_mode"),
+    ("unknown clock", _set(["scenarios", 0, "timeline", "clock"], "wall"), "scenarios[0].timeline.clock"),
+    ("unknown span kind", _set(["scenarios", 0, "timeline", "spans", 5, "kind"], "memset"),
+     "scenarios[0].timeline.spans[5].kind"),
+    ("stale layer not an int", _set(["scenarios", 0, "timeline", "stale_layers", 0], 0.5),
+     "scenarios[0].timeline.stale_layers[0]"),
+    ("unknown outcome", _set(["mutants", "matrix", 3, "outcome"], "dead"), "mutants.matrix[3].outcome"),
+    ("mutant role missing", _set(["mutants", "matrix", 0, "role"], KeyError), "mutants.matrix[0].role"),
+    ("bench without points", _set(["bench", "points"], KeyError), "bench.points"),
+    ("bench median missing", _set(["bench", "points", 4, "median_ms"], KeyError), "bench.points[4].median_ms"),
+    ("duplicate scenario", lambda d: d["scenarios"].append(copy.deepcopy(d["scenarios"][0])), "scenarios"),
+]
+
+
+@pytest.mark.parametrize("what,change,key", BAD, ids=[b[0] for b in BAD])
+def test_a_wrong_document_names_file_and_key(what, change, key, tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(_mutate(load(FULL), change)))
+    with pytest.raises(ReportInputError) as e:
+        load(path)
+    assert isinstance(e.value, InputError) and e.value.exit_code == 2
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: {key}: "), message
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("{", "not valid JSON"),
+    ("", "not valid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ("null", "expected a JSON object"),
+])
+def test_a_corrupt_file_is_one_line(tmp_path, text, needle):
+    path = tmp_path / "results.json"
+    path.write_text(text)
+    with pytest.raises(ReportInputError, match=needle) as e:
+        load(path)
+    assert str(e.value).startswith(str(path)) and "\n" not in str(e.value)
+
+
+def test_a_missing_file_is_one_line(tmp_path):
+    with pytest.raises(ReportInputError, match="cannot read"):
+        load(tmp_path / "nope.json")
+
+
+def test_unknown_keys_are_allowed_for_newer_writers():
+    doc = load(FULL)
+    doc["scenarios"][0]["something_new"] = {"x": 1}
+    doc["extra"] = []
+    validate(doc)
