@@ -1,7 +1,8 @@
 # make test      CPU suite (creates .venv on first use; torch pinned to the CPU build 2.13.0)
 # make run       the default scenario set: on the GPU when torch sees one, else on the CPU simulator
-# make gpu-test  GPU tests + a CUDA run + the mutant kill matrix, on a runner that already has
-#                torch (no install step)
+# make gpu-test  GPU tests + every default scenario as a test item + the mutant kill matrix, on a
+#                runner that already has torch (no install step)
+# make bench     fence strategies: correctness on every race scenario, then their cost
 
 VENV      ?= .venv
 VPY       := $(VENV)/bin/python
@@ -10,7 +11,7 @@ REPORTS   ?= reports
 PYTHON    ?= python3
 HAS_TORCH := $(shell $(PYTHON) -c 'import torch' >/dev/null 2>&1 && echo yes)
 
-.PHONY: test run gpu-test clean
+.PHONY: test run gpu-test bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,11 +31,34 @@ run: $(VENV)/.installed
 	$(VPY) -m harness run --device auto --out $(REPORTS)
 endif
 
+# One pytest worker per GPU (pytest-xdist, when the runner has it and more than one GPU): workers
+# sharing one GPU share its timing, and race rates move.
+GPU_WORKERS = $(shell PYTHONPATH=. $(PYTHON) -m harness.gpu_workers count 2>/dev/null || echo 1)
+XDIST       = $(shell [ $(GPU_WORKERS) -gt 1 ] && $(PYTHON) -c 'import xdist' 2>/dev/null && echo -p xdist -n $(GPU_WORKERS))
+
+# The GPU tests and one test item per scenario of the default set (the pytest plugin), then the
+# mutant kill matrix. Each writes its summary.md and appends it to $GITHUB_STEP_SUMMARY when set,
+# whether or not its checks passed.
 gpu-test:
 	mkdir -p $(REPORTS)
-	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu -p no:cacheprovider --junitxml=$(REPORTS)/junit.xml
-	PYTHONPATH=. $(PYTHON) -m harness run --device cuda --out $(REPORTS)
-	PYTHONPATH=. $(PYTHON) -m harness mutants --device cuda --out $(REPORTS)/mutants
+	status=0; \
+	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu -p no:cacheprovider -p harness.pytest_plugin $(XDIST) \
+		--junitxml=$(REPORTS)/junit.xml --harness-device cuda --harness-report $(REPORTS) \
+		--harness-scenarios $(wildcard scenarios/*.toml) || status=$$?; \
+	PYTHONPATH=. $(PYTHON) -m harness mutants --device cuda --out $(REPORTS)/mutants || status=$$?; \
+	exit $$status
+
+# What each correct fence costs (device events; the whole sweep on a GPU, the default point on the
+# simulator), and every strategy against every full-graph race scenario.
+ifeq ($(HAS_TORCH),yes)
+bench:
+	PYTHONPATH=. $(PYTHON) -m harness fences --device auto --out $(REPORTS)/fences
+	PYTHONPATH=. $(PYTHON) -m harness bench --device auto --out $(REPORTS)/bench
+else
+bench: $(VENV)/.installed
+	$(VPY) -m harness fences --device auto --replays 5 --out $(REPORTS)/fences
+	$(VPY) -m harness bench --device auto --points default --repeats 20 --out $(REPORTS)/bench
+endif
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -24,6 +24,7 @@ from harness.trace import (
     Delay,
     Hold,
     HostSync,
+    HostWait,
     Op,
     Record,
     Region,
@@ -126,6 +127,9 @@ class _Walker:
             return  # a hold or a spin delays a stream; it orders nothing
         if isinstance(op, HostSync):
             self.clocks.host_sync()
+            return
+        if isinstance(op, HostWait):
+            self.clocks.host_wait(self.events.get(op.event))
             return
         if isinstance(op, Replay):
             sid = op.stream if stream is None else stream

@@ -1,19 +1,30 @@
 """fence-harness: run scenario files, reproduce one scenario, or run the mutant kill matrix.
 
 Exit codes: 0 every scenario met its expectation; 1 one did not (or errored),
-or a mutant survived / a correct variant was flagged; 2 bad input or no usable
-device (one line on stderr, no traceback).
+or a mutant survived / a correct variant was flagged; 2 bad input, no usable
+device, or a device lost mid-run (one line on stderr, no traceback); 130 / 143
+interrupted by SIGINT / SIGTERM (the scenarios finished so far are written as a
+partial results.json).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
+from harness.console import RunConsole, plain_line
 from harness.devices import DEVICE_NAMES, open_device
 from harness.errors import HarnessError, InputError
+from harness.fence_commands import HANDLERS as FENCE_HANDLERS
+from harness.fence_commands import add_commands as add_fence_commands
 from harness.oracle import ReplayVerdict
 from harness.pipeline import ScenarioResult, run_scenario
 from harness.plugins import Kind, resolve
@@ -66,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     repro.add_argument("--seed", type=int, help="override the scenario's seed")
     common(repro)
     add_report_commands(sub)
+    add_fence_commands(sub)
+    from harness import soak  # here, not at the top: soak builds on this module
+
+    soak.add_command(sub)
     return p
 
 
@@ -83,18 +98,142 @@ def _load(files: list[Path], args: argparse.Namespace, default: list[Path] | Non
     return [s.with_overrides(**overrides) for s in scenarios] if overrides else scenarios
 
 
-def _line(r: ScenarioResult, status: str | None = None) -> str:
-    t = r.tally
-    status = status or ("ok  " if r.met else "FAIL")
-    if r.error:
-        return f"{status} {r.scenario.name:34s} expected {r.scenario.expect.value:5s}  error: {r.error}"
-    layers = ",".join(str(k) for k in sorted(t.layer_counts)) or "-"
-    return (
-        f"{status} {r.scenario.name:34s} expected {r.scenario.expect.value:5s} "
-        f"observed {r.observed.value:5s} stale {t.stale_replays:>5d}/{t.replays:<5d} "
-        f"({t.stale_rate:6.1%}) layers {layers:8s} findings {len(r.findings):3d} "
-        f"{r.replays_per_s:6.0f} replays/s"
-    )
+# ---- interrupts and a lost device: the run stops, what finished is kept ----------------
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM during a command: both take KeyboardInterrupt's path."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def interrupt_signal(e: KeyboardInterrupt) -> signal.Signals:
+    """The signal behind an interrupt; a plain KeyboardInterrupt is Ctrl-C."""
+    return signal.Signals(getattr(e, "signum", signal.SIGINT))
+
+
+@contextlib.contextmanager
+def _signals_interrupt():
+    """SIGINT and SIGTERM raise `Interrupted` while the command runs, and only then.
+
+    The caller's handlers come back afterwards (main() also runs in-process, under
+    pytest). A signal ignored on entry (a background job of a script) stays ignored.
+    Python can only install handlers from the main thread.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise Interrupted(signum)
+
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            previous[sig] = signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, signal.SIG_DFL if old is None else old)
+
+
+class DeviceLost(HarnessError):
+    """A CUDA error other than out-of-memory: the context is unusable, nothing more can run."""
+
+    exit_code = 2
+
+    def __init__(self, result: ScenarioResult):
+        super().__init__(f"{result.scenario.name}: {result.error}")
+        self.result = result  # the scenario it happened in, as an error
+
+
+def _is_device_error(e: BaseException) -> bool:
+    if isinstance(e, torch.OutOfMemoryError):
+        return False  # one scenario's problem: run_scenario records it and the run goes on
+    accelerator = getattr(torch, "AcceleratorError", ())
+    return isinstance(e, accelerator) or (isinstance(e, RuntimeError) and "CUDA error" in str(e))
+
+
+def run_one(s: Scenario, dev, replays: int | None, timeout_s: float) -> ScenarioResult:
+    """run_scenario, with a lost device raised as DeviceLost (carrying the scenario's error)."""
+    t0 = time.perf_counter()
+    try:
+        return run_scenario(s, dev, replays=replays, timeout_s=timeout_s)
+    except RuntimeError as e:
+        if not _is_device_error(e):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        r = ScenarioResult(s, error=f"device lost: {first}", wall_s=time.perf_counter() - t0)
+        raise DeviceLost(r) from None
+
+
+@dataclass
+class _Run:
+    """The scenarios of one command and how far it got."""
+
+    scenarios: list[Scenario]
+    console: RunConsole
+    results: list[ScenarioResult] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+    stopped: str | None = None  # why it ended early: "SIGINT", "SIGTERM" or "device-lost"
+    exit_code: int = 0  # of a stopped run
+    reason: str = ""  # of a stopped run, for the one stderr line
+
+
+def _run_all(scenarios: list[Scenario], dev, args: argparse.Namespace, status=None) -> _Run:
+    """Run each scenario, one line each; `status(result)` overrides the ok / FAIL column.
+
+    An interrupt or a lost device ends the loop; the finished results are kept.
+    """
+    console = RunConsole()
+    console.start(len(scenarios), dev.name)
+    run = _Run(scenarios, console)
+
+    def done(r: ScenarioResult) -> None:
+        run.results.append(r)
+        console.scenario_done(r, status(r) if status else None)
+        if r.fault_mode and "fallback" in r.fault_mode:
+            console.note(r.fault_mode)
+
+    try:
+        for s in scenarios:
+            try:
+                done(run_one(s, dev, args.replays, args.timeout))
+            except DeviceLost as e:
+                done(e.result)
+                run.stopped, run.exit_code, run.reason = "device-lost", e.exit_code, str(e)
+                break
+    except KeyboardInterrupt as e:
+        sig = interrupt_signal(e)
+        run.stopped, run.exit_code, run.reason = sig.name, 128 + sig, f"interrupted ({sig.name})"
+    if run.stopped:
+        console.stop()
+    return run
+
+
+def _write_partial(run: _Run, device: dict, out: Path, sections: dict | None = None) -> int:
+    """A run cut short: the finished scenarios as a partial results.json, one stderr line.
+
+    With nothing finished nothing is written, so the previous results.json stays as it
+    was; otherwise the new one replaces it whole (atomically). summary.md and
+    report.html are not rebuilt here (`fence-harness report` makes them from the file):
+    a run being stopped should stop soon.
+    """
+    from harness.results import build_results, write_results
+
+    if run.results:
+        partial = {"partial": True, "interrupted": run.stopped,
+                   "not_run": [s.name for s in run.scenarios[len(run.results):]]}
+        doc = build_results(run.results, device, run.started, time.time(), {**(sections or {}), **partial})
+        path = write_results(out, doc)
+        kept = f"partial results of {len(run.results)}/{len(run.scenarios)} scenarios: {path}"
+    else:
+        kept = f"no scenario finished; {out / 'results.json'} left as it was"
+    print(f"fence-harness: {run.reason}; {kept}", file=sys.stderr)
+    return run.exit_code
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -102,29 +241,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     scenarios = _load(args.files, args)
     dev = open_device(args.device, args.sim_costs)
-    results, started = _run_all(scenarios, dev, args)
-    doc = build_results(results, dev.describe(), started, time.time())
+    device = dev.describe()  # before the run: a device lost mid-run cannot describe itself
+    run = _run_all(scenarios, dev, args)
+    if run.stopped:
+        return _write_partial(run, device, args.out)
+    doc = build_results(run.results, device, run.started, time.time())
     path = write_results(args.out, doc)
     _write_report(doc, args.out)
-    met = sum(r.met for r in results)
-    print(f"{met}/{len(results)} scenarios met their expectation; results: {path}")
-    return 0 if met == len(results) else 1
-
-
-def _run_all(
-    scenarios: list[Scenario], dev, args: argparse.Namespace, status=None
-) -> tuple[list[ScenarioResult], float]:
-    """Run each scenario, one line each; `status(result)` overrides the ok / FAIL column."""
-    print(f"device: {dev.name}  scenarios: {len(scenarios)}", flush=True)
-    started = time.time()
-    results = []
-    for s in scenarios:
-        r = run_scenario(s, dev, replays=args.replays, timeout_s=args.timeout)
-        results.append(r)
-        print(_line(r, status(r) if status else None), flush=True)
-        if r.fault_mode and "fallback" in r.fault_mode:
-            print(f"     note: {r.fault_mode}", flush=True)
-    return results, started
+    run.console.finish(run.results, path)
+    return 0 if all(r.met for r in run.results) else 1
 
 
 def cmd_mutants(args: argparse.Namespace) -> int:
@@ -134,8 +259,15 @@ def cmd_mutants(args: argparse.Namespace) -> int:
 
     scenarios = _load(args.files, args, sorted((SCENARIO_DIR / "mutants").glob("*.toml")))
     dev = open_device(args.device, args.sim_costs)
-    results, started = _run_all(scenarios, dev, args, lambda r: f"{classify(r).outcome.value:8s}")
-    rows = [classify(r) for r in results]
+    device = dev.describe()
+    run = _run_all(scenarios, dev, args, lambda r: f"{classify(r).outcome.value:8s}")
+    rows = [classify(r) for r in run.results]
+    section = {"mutants": {"matrix": [
+        {**as_plain(row), "stale_rate": row.stale_rate} for row in rows
+    ]}}
+    if run.stopped:
+        return _write_partial(run, device, args.out, section)
+    run.console.stop()
     print("\nkill matrix (evidence: data = stale replays, analysis = happens-before findings):")
     for row in rows:
         evidence = "+".join(row.evidence) or "-"
@@ -145,10 +277,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     correct = [r for r in rows if r.role is Role.CORRECT]
     killed = sum(r.ok for r in mutants)
     clean = sum(r.ok for r in correct)
-    section = {"mutants": {"matrix": [
-        {**as_plain(row), "stale_rate": row.stale_rate} for row in rows
-    ]}}
-    doc = build_results(results, dev.describe(), started, time.time(), section)
+    doc = build_results(run.results, device, run.started, time.time(), section)
     path = write_results(args.out, doc)
     _write_report(doc, args.out)
     print(f"{killed}/{len(mutants)} mutants killed, {clean}/{len(correct)} correct variants clean; "
@@ -203,21 +332,26 @@ def cmd_repro(args: argparse.Namespace) -> int:
     print(f"happens-before findings ({len(r.findings)}):")
     for f in r.findings:
         print(f"  {f.describe()}")
-    print(_line(r))
+    print(plain_line(r))
     return 0 if r.met else 1
 
 
 def main(argv: list[str] | None = None) -> int:
+    from harness.soak import cmd_soak
+
     args = _parser().parse_args(argv)
     try:
-        handlers = {"run": cmd_run, "repro": cmd_repro, "mutants": cmd_mutants, **REPORT_HANDLERS}
-        return handlers[args.command](args)
+        handlers = {"run": cmd_run, "repro": cmd_repro, "mutants": cmd_mutants, "soak": cmd_soak,
+                    **REPORT_HANDLERS, **FENCE_HANDLERS}
+        with _signals_interrupt():
+            return handlers[args.command](args)
     except HarnessError as e:
         print(f"fence-harness: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("fence-harness: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # outside a scenario loop: nothing partial to keep
+        sig = interrupt_signal(e)
+        print(f"fence-harness: interrupted ({sig.name})", file=sys.stderr)
+        return 128 + sig
 
 
 if __name__ == "__main__":

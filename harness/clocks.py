@@ -11,7 +11,9 @@ access; the happens-before analyser uses it to find unordered pairs in a trace.
   (a wait on a never-recorded event does nothing, as CUDA completes it at once);
 - host sync: every stream's clock becomes the max over all streams, then every
   stream ticks (work enqueued after the sync is after all work before it, and
-  not covered by any earlier record); a stream first seen later starts there.
+  not covered by any earlier record); a stream first seen later starts there;
+- host wait on one event: every stream's clock (and the floor new streams start
+  from) takes the pointwise max with the event's clock.
 """
 
 from __future__ import annotations
@@ -61,6 +63,17 @@ class StreamClocks:
         c = self.clock(sid)
         for s, e in event_clock.items():
             c[s] = max(c.get(s, e), e)
+
+    def host_wait(self, event_clock: Clock | None) -> None:
+        """The host waited for an event: everything it enqueues next, on any stream, is after it."""
+        if event_clock is None:
+            return
+        floor = dict(self._floor)
+        for s, e in event_clock.items():
+            floor[s] = max(floor.get(s, e), e)
+        self._floor = floor
+        for sid in self._clocks:
+            self.wait(sid, event_clock)
 
     def host_sync(self) -> None:
         merged = dict(self._floor)

@@ -1,9 +1,16 @@
 """Fence strategies: what the forward stream does right before a replay.
 
-A fence is a callable `fence(ctx: FenceContext) -> None`, called on the host
-with the forward stream current, after the batch's load op was enqueued and
-right before the runner enqueues the forward. It enqueues whatever waits it
-wants; it must not block the host unless that is the strategy.
+A fence is a callable `fence(ctx: FenceContext) -> Runner | None`, called on
+the host with the forward stream current, after the batch's load op was
+enqueued and right before the forward. It enqueues whatever waits it wants (it
+must not block the host unless that is the strategy: then through
+`ctx.host_wait`), and may return a runner to run this batch instead of the
+scenario's (None: the scenario's).
+
+A strategy that needs set-up is a class: the harness makes one instance per
+scenario and, before the runner captures anything, calls its
+`setup(s: FenceSetup)` once (it can add per-layer events, change what the pool
+accessors wait on, or prepare another runner).
 
 Correct strategies and known-bad ones (mutants, which the kill matrix proves
 the harness catches) sit in one registry. A user's own fence is named in a
@@ -13,13 +20,15 @@ scenario file or on the command line as `package.module:callable`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from harness.devices.base import Device, Stream
+from harness.devices.base import Device, Event, Stream
 from harness.loadback import RING, LayerDoneCounter, LayerLoadingEvent
 
 if TYPE_CHECKING:
+    from harness.model import HybridModel
+    from harness.pools import HybridPool
     from harness.runners import Runner
 
 
@@ -36,6 +45,8 @@ class FenceContext:
               `finish_event`), or None when no load is pending
     runner    the runner about to enqueue the forward
     replay    the replay's index in the scenario (0-based)
+    host_wait block the host until an event completes (bounded by the replay timeout;
+              a gate fault's gate is opened first, as nothing else could open it)
     """
 
     dev: Device
@@ -45,9 +56,20 @@ class FenceContext:
     op: LayerLoadingEvent | None = None
     runner: "Runner | None" = None
     replay: int = 0
+    host_wait: Callable[[Event], None] = field(default=lambda event: event.synchronize())
 
 
-FenceFn = Callable[[FenceContext], None]
+@dataclass(frozen=True)
+class FenceSetup:
+    """What a strategy's `setup` gets, once, before anything is captured."""
+
+    dev: Device
+    counter: LayerDoneCounter
+    pool: "HybridPool"
+    model: "HybridModel"
+
+
+FenceFn = Callable[[FenceContext], "Runner | None"]
 
 
 def no_fence(ctx: FenceContext) -> None:
@@ -63,6 +85,52 @@ def final_event_fence(ctx: FenceContext) -> None:
     """
     if ctx.counter.consumer_index >= 0:
         ctx.counter.wait_until(ctx.counter.num_layers - 1)
+
+
+class LayerwiseGraphFence:
+    """Per-layer external events waited on inside the captured graph.
+
+    Each load op re-records one fixed set of external events, layer by layer, on
+    the load stream (`LayerLoadingEvent.mirror`); every pool accessor waits on its
+    layer's event, and under capture those waits become wait nodes of the graph.
+    A replay then waits layer by layer and keeps the overlap of layer i's compute
+    with layer i+1's copy. The graph waits on the set's latest record: a load op
+    must have re-recorded the set before the replay is launched (the harness and
+    the engine start the load before the forward), and with no load pending the
+    waits are on completed events and cost almost nothing.
+    """
+
+    def setup(self, s: FenceSetup) -> None:
+        self.events = [s.dev.Event(external=True) for _ in range(s.counter.num_layers)]
+        for event in self.events:
+            # CUDA creates an event at its first record, and torch enqueues no wait on an
+            # event never created: without this, capture would record no wait node at all.
+            event.record()
+        for op in s.counter.events:
+            op.mirror = self.events
+        s.pool.set_graph_events(self.events)
+
+    def __call__(self, ctx: FenceContext) -> None:
+        return None  # the waits are inside the graph
+
+
+def host_sync_fence(ctx: FenceContext) -> None:
+    """The host waits for the pending load op's final event, then launches the replay."""
+    if ctx.op is not None and ctx.counter.consumer_index >= 0:
+        ctx.host_wait(ctx.op.finish_event)
+
+
+class EagerFallbackFence:
+    """A batch with a pending load runs the breakable path (waits fire) instead of the graph."""
+
+    def setup(self, s: FenceSetup) -> None:
+        from harness.runners import BreakableRunner
+
+        self.fallback = BreakableRunner(s.dev, s.model, s.counter)
+        self.fallback.prepare()
+
+    def __call__(self, ctx: FenceContext) -> "Runner | None":
+        return self.fallback if ctx.counter.consumer_index >= 0 else None
 
 
 # ---------------------------------------------------------------- mutants
@@ -87,9 +155,15 @@ def previous_op_fence(ctx: FenceContext) -> None:
         c.events[(c.consumer_index - 1) % RING].finish_event.wait(ctx.forward)
 
 
-FENCES: dict[str, FenceFn] = {
+# Correct strategies first; a class is instantiated per scenario and set up.
+STRATEGIES = ("final_event", "layerwise_graph", "host_sync", "eager_fallback")
+
+FENCES: dict[str, FenceFn | type] = {
     "none": no_fence,
     "final_event": final_event_fence,
+    "layerwise_graph": LayerwiseGraphFence,
+    "host_sync": host_sync_fence,
+    "eager_fallback": EagerFallbackFence,
     "first_event": first_event_fence,
     "wrong_stream": wrong_stream_fence,
     "previous_op": previous_op_fence,

@@ -36,12 +36,17 @@ class LayerLoadingEvent:
         self.num_layers = num_layers
         self.load_events: list[Event] = [dev.Event(external=external) for _ in range(num_layers)]
         self.start_event: Event = dev.Event()
+        # Events a strategy wants re-recorded with each layer's (the layerwise_graph fence's
+        # external events, which a captured graph waits on); None: none.
+        self.mirror: list[Event] | None = None
 
     def complete(self, layer_index: int) -> None:
         """Record layer `layer_index`'s event on the current (load) stream."""
         if not 0 <= layer_index < self.num_layers:
             raise IndexError(f"layer {layer_index} out of range 0..{self.num_layers - 1}")
         self.load_events[layer_index].record()
+        if self.mirror is not None:
+            self.mirror[layer_index].record()
 
     def wait(self, layer_index: int) -> None:
         self._dev.current_stream().wait_event(self.load_events[layer_index])

@@ -18,6 +18,7 @@ Hazards change what a replay does around that core:
 from __future__ import annotations
 
 import gc
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,9 +28,9 @@ import torch
 from harness.accessors import per_layer
 from harness.analysis import Finding, find_races
 from harness.devices.base import Device, Gate, GateUnavailable
-from harness.errors import HarnessError
+from harness.errors import HarnessError, ReplayTimeout
 from harness.faults import FaultPlan, gate_fallback, sweep_points
-from harness.fences import FenceContext
+from harness.fences import FenceContext, FenceSetup
 from harness.loadback import LayerDoneCounter, plan_copies
 from harness.model import HybridModel
 from harness.oracle import Oracle, ReplayVerdict, Tally
@@ -69,7 +70,8 @@ class Bench:
         s = self.scenario
         self.forward = self.dev.Stream("forward")
         self.load = self.dev.Stream("load")
-        self.fence = resolve(Kind.FENCE, s.fence, s.source, "fence")
+        fence = resolve(Kind.FENCE, s.fence, s.source, "fence")
+        self.fence = fence() if inspect.isclass(fence) else fence  # a strategy with set-up
         self.accessor = resolve(Kind.ACCESSOR, s.accessor, s.source, "accessor")
         self.schedule = resolve(Kind.SCHEDULE, s.schedule, s.source, "schedule")
         chunks = s.fault.chunks if s.fault.kind is FaultKind.CHUNKED else 1
@@ -142,6 +144,13 @@ class Bench:
     def set_waits(self, policy) -> None:
         self.pool.set_counter(self.counter, policy)
 
+    def setup_fence(self) -> None:
+        """A strategy's one-time set-up, before anything is captured (no load pending)."""
+        setup = getattr(self.fence, "setup", None)
+        if setup is not None:
+            with self.dev.stream(self.forward):
+                setup(FenceSetup(self.dev, self.counter, self.pool, self.model))
+
 
 @dataclass
 class SweepPoint:
@@ -206,6 +215,13 @@ class _Replayer:
         if b.dev.torch_device.type == "cuda":
             self.mask = self.mask.pin_memory()
 
+    def _host_wait(self, event) -> None:
+        """A fence that blocks the host: open the gate first (nothing else could), then wait."""
+        if self.gate is not None:
+            self.gate.release()
+        if not self.b.dev.host_wait(event, self.timeout_s):
+            raise ReplayTimeout(f"a fence's host wait did not finish within {self.timeout_s:g}s")
+
     def __call__(self, i: int, fault: Fault) -> torch.Tensor:
         b, dev = self.b, self.b.dev
         plan = FaultPlan(fault, i, gate=self.gate is not None)
@@ -216,10 +232,11 @@ class _Replayer:
         with dev.stream(b.forward):
             b.poison()
             op = b.start_load(plan, None if hold_replay else self.gate)
-            b.fence(FenceContext(dev, b.forward, b.load, b.counter, op.events, self.runner, i))
+            runner = b.fence(FenceContext(dev, b.forward, b.load, b.counter, op.events, self.runner, i,
+                                          self._host_wait)) or self.runner
             if hold_replay:
                 hold_replay.hold()
-            self.runner.run()
+            runner.run()
             if op.held:
                 b.ran.record()
             if hold_replay:
@@ -281,6 +298,7 @@ def run_scenario(
         b = Bench.build(scenario, dev)
         oracle = ground_truth(b, timeout_s)
         b.set_waits(b.accessor)
+        b.setup_fence()
         runner: Runner = RUNNERS[scenario.backend](dev, b.model, b.counter)
         with dev.stream(b.forward):
             runner.prepare()
@@ -321,9 +339,20 @@ def run_scenario(
     except HarnessError as e:
         result.error = str(e)
     except torch.OutOfMemoryError as e:  # one scenario's OOM must not end the run
-        result.error = f"out of device memory: {str(e).splitlines()[0]}"
+        result.error = f"out of device memory: {(str(e).strip().splitlines() or ['(no detail)'])[0]}"
     finally:
         if gate is not None:
             gate.close()  # nothing stays blocked behind a scenario that failed
+        if result.observed is None:
+            # It ended early (an error, an interrupt): give back what it built before the
+            # next scenario allocates. Drop this frame's references first, so that the
+            # collector can free the bench, and only then return the cached blocks.
+            b = oracle = runner = replay = None  # noqa: F841
+            gc.collect()
+            if torch.cuda.is_initialized():
+                try:
+                    torch.cuda.empty_cache()
+                except RuntimeError:
+                    pass  # a device that is gone has nothing to give back
     result.wall_s = time.perf_counter() - t0
     return result

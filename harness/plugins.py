@@ -6,7 +6,8 @@ working directory or the Python path). Resolving imports the module, finds the
 callable and checks that it can be called the way the harness calls it; every
 failure is an `InputError` (one line, exit 2) naming where the name came from.
 
-    fence(ctx: FenceContext) -> None                      harness.fences
+    fence(ctx: FenceContext) -> Runner | None             harness.fences (or a class
+                                                          with setup(s) and __call__(ctx))
     accessor(counter, layer_id: int, pool: str) -> None   harness.accessors
     schedule(op: LoadOp) -> None                          harness.schedules
 """
@@ -113,12 +114,16 @@ def _load_plugin(kind: Kind, spec: str, source: str, key: str) -> Callable:
 
 def _check_signature(fn: Callable, kind: Kind, spec: str, source: str, key: str) -> None:
     info = _INFO[kind]
+    args = range(info.arity)
+    if kind is Kind.FENCE and inspect.isclass(fn):
+        # A strategy with set-up: instances are called, so check __call__ (with self).
+        fn, args = fn.__call__, range(info.arity + 1)
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return  # builtins without a signature: trust them
     try:
-        sig.bind(*range(info.arity))
+        sig.bind(*args)
     except TypeError:
         raise InputError(
             source, key,

@@ -114,15 +114,20 @@ class KVPool:
         self.v = torch.zeros_like(self.k)
         self.counter: LayerDoneCounter | None = None  # set when accessor waits are on
         self.policy: AccessorPolicy = per_layer
+        self.graph_events: list | None = None  # external per-layer events (layerwise_graph)
 
-    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+    def _wait(self, layer_id: int) -> None:
         if self.counter is not None:
             self.policy(self.counter, layer_id, "kv")
+        if self.graph_events is not None:
+            self.graph_events[layer_id].wait()  # captured into a graph as a wait node
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        self._wait(layer_id)
         return self.k[self.layer_index[layer_id]]
 
     def get_value_buffer(self, layer_id: int) -> torch.Tensor:
-        if self.counter is not None:
-            self.policy(self.counter, layer_id, "kv")
+        self._wait(layer_id)
         return self.v[self.layer_index[layer_id]]
 
 
@@ -154,15 +159,26 @@ class HybridPool:
         self.mamba = mamba
         self.counter: LayerDoneCounter | None = None
         self.policy: AccessorPolicy = per_layer
+        self.graph_events: list | None = None
 
     def set_counter(self, counter: LayerDoneCounter | None, policy: AccessorPolicy = per_layer) -> None:
         """Give the accessors the counter of pending loads and the wait policy they run."""
         self.kv.counter = self.counter = counter
         self.kv.policy = self.policy = policy
 
+    def set_graph_events(self, events: list | None) -> None:
+        """Per-layer external events every accessor also waits on, in eager code and in capture.
+
+        Waited on while a graph is captured, they become wait nodes of the graph: a replay
+        then waits on each layer's event right before that layer reads, with no Python.
+        """
+        self.kv.graph_events = self.graph_events = events
+
     def mamba_layer_cache(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.counter is not None:
             self.policy(self.counter, layer_id, "mamba")
+        if self.graph_events is not None:
+            self.graph_events[layer_id].wait()
         return self.mamba.layer_cache(layer_id)
 
 

@@ -214,7 +214,9 @@ def reference_forward(
 
 def reference_for(layout: Layout, seed: int, host) -> dict:
     """The reference for a bench's inputs: init_weights(layout, seed) and a HostPool."""
-    from harness.model import init_weights  # the seeded weights only; none of the model's math
+    from harness.model import (
+        init_weights,  # the seeded weights only; none of the model's math
+    )
 
     layers, final_norm, x = init_weights(layout, seed, torch.device("cpu"))
     return reference_forward(layers, final_norm, x, layout, (host.k, host.v), (host.conv, host.ssm))

@@ -93,6 +93,13 @@ class HostSync:
 
 
 @dataclass(frozen=True)
+class HostWait:
+    """The host blocked until one event completed (a host-side fence)."""
+
+    event: EventId
+
+
+@dataclass(frozen=True)
 class Replay:
     """A graph replay: the work captured in the graph, run on `stream` with no Python."""
 
@@ -101,7 +108,7 @@ class Replay:
     body: tuple["Op", ...] = field(default=())
 
 
-Op = Union[Copy, Record, Wait, Access, Delay, Hold, HostSync, Replay]
+Op = Union[Copy, Record, Wait, Access, Delay, Hold, HostSync, HostWait, Replay]
 
 
 def describe(op: "Op", names: dict[StreamId, str], indent: str = "") -> str:
@@ -124,6 +131,8 @@ def describe(op: "Op", names: dict[StreamId, str], indent: str = "") -> str:
         return f"{indent}{name(op.stream)}: hold on gate {op.gate} until the host releases it"
     if isinstance(op, HostSync):
         return f"{indent}host: synchronize"
+    if isinstance(op, HostWait):
+        return f"{indent}host: wait for event {op.event}"
     lines = [f"{indent}{name(op.stream)}: replay graph {op.graph} ({len(op.body)} captured ops)"]
     lines += [describe(o, names, indent + "    ") for o in op.body]
     return "\n".join(lines)

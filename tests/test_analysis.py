@@ -7,7 +7,17 @@ import functools
 import pytest
 
 from harness.analysis import Finding, RaceKind, find_races
-from harness.trace import Access, Copy, Delay, HostSync, Record, Region, Replay, Trace, Wait
+from harness.trace import (
+    Access,
+    Copy,
+    Delay,
+    HostSync,
+    Record,
+    Region,
+    Replay,
+    Trace,
+    Wait,
+)
 
 LOAD, FWD, CAP, OTHER = 1, 2, 9, 3
 START, EV, EV2 = 100, 101, 102

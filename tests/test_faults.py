@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from harness.devices.sim import SimDevice
-from harness.faults import GATE_FALLBACK_US, FaultPlan, gate_fallback, jitter_us, sweep_points
+from harness.faults import (
+    GATE_FALLBACK_US,
+    FaultPlan,
+    gate_fallback,
+    jitter_us,
+    sweep_points,
+)
 from harness.loadback import plan_copies
 from harness.pipeline import Bench
 from harness.scenario import (

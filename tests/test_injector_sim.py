@@ -14,7 +14,16 @@ from harness.devices.sim import SimDevice
 from harness.loadback import plan_copies
 from harness.mutants import Outcome, Role, classify, matrix_ok
 from harness.pipeline import Bench, ScenarioResult, run_scenario
-from harness.scenario import Backend, Expect, Fault, FaultKind, Hazard, ModelShape, Request, Scenario
+from harness.scenario import (
+    Backend,
+    Expect,
+    Fault,
+    FaultKind,
+    Hazard,
+    ModelShape,
+    Request,
+    Scenario,
+)
 from harness.scenario_file import SCENARIO_DIR, load_file
 
 HYBRID = ModelShape(layers="AMAM", hidden=64, heads=2, kv_heads=1, head_dim=32, state=4)

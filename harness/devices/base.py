@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.errors import HarnessError
-from harness.trace import Access, Op, Region, Replay, Span, Trace
+from harness.trace import Access, HostWait, Op, Region, Replay, Span, Trace
 
 
 class GateUnavailable(HarnessError):
@@ -153,6 +153,17 @@ class Device(abc.ABC):
         yield
         self._marks.marks.append((stream.id, name, kind, begin, self._marker(stream, end=True)))
 
+    def mark(self, stream: Stream, *, end: bool = True):
+        """A timing mark on `stream` (device time on CUDA, virtual time on the simulator).
+
+        `end=False` marks where the next work could start (on the simulator, the host
+        may be later than the stream); read it with `marker_us` after a synchronize.
+        """
+        return self._marker(stream, end)
+
+    def marker_us(self, marker) -> float | None:
+        return self._marker_us(marker)
+
     def _marker(self, stream: Stream, end: bool):
         """Something that says, once the work has run, when the stream got here."""
         return None
@@ -185,6 +196,7 @@ class Device(abc.ABC):
             if time.monotonic() > deadline:
                 return False
             time.sleep(20e-6)
+        self._note(HostWait(event.id))
         return True
 
     # ---- the device_module-like surface ----------------------------------

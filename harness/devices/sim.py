@@ -26,7 +26,7 @@ import torch
 from harness.clocks import Clock, Stamp, StreamClocks
 from harness.devices.base import Device, Event, Gate, Graph, Stream, _Capture
 from harness.errors import HarnessError, InputError
-from harness.trace import Copy, Delay, Hold, HostSync, Record, Region, Wait
+from harness.trace import Copy, Delay, Hold, HostSync, HostWait, Record, Region, Wait
 
 
 @dataclass(frozen=True)
@@ -255,13 +255,14 @@ class SimDevice(Device):
 
     def host_wait(self, event: Event, timeout_s: float) -> bool:
         t = event.time  # type: ignore[attr-defined]
-        if t is None or t <= self.host_clock:
-            return True
-        if not _is_held(t) and t <= self.host_clock + timeout_s * 1e6:
+        if t is not None and t > self.host_clock:
+            if _is_held(t) or t > self.host_clock + timeout_s * 1e6:
+                self.host_clock += timeout_s * 1e6
+                return False
             self._advance_host(t)
-            return True
-        self.host_clock += timeout_s * 1e6
-        return False
+        self.clocks.host_wait(event.clock)  # type: ignore[attr-defined]
+        self._note(HostWait(event.id))
+        return True
 
     # ---- timeline markers: virtual times, shifted with held work ----------------
     def _marker(self, stream: Stream, end: bool):

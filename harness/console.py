@@ -1,0 +1,162 @@
+"""What `fence-harness run` prints while it runs.
+
+On a terminal: a progress bar, one coloured line per finished scenario above it,
+and a table at the end. Anywhere else (a pipe, a CI log, a file), or where rich
+is not installed (a GPU runner's own Python): plain lines with no colour codes
+and no bar, one per scenario, that grep and diff can read.
+
+    console = RunConsole()
+    console.start(len(scenarios), dev.name)
+    for s in scenarios:
+        console.scenario_done(run_scenario(s, dev))
+    console.finish(results, path)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import IO
+
+from harness.pipeline import ScenarioResult
+
+try:
+    from rich import box
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+    from rich.table import Table
+except ImportError:
+    Console = None
+
+
+def _layers(r: ScenarioResult) -> str:
+    return ",".join(str(k) for k in sorted(r.tally.layer_counts)) or "-"
+
+
+def plain_line(r: ScenarioResult, status: str | None = None) -> str:
+    """One scenario as one fixed-width line; `status` replaces the ok / FAIL column."""
+    t = r.tally
+    status = status or ("ok  " if r.met else "FAIL")
+    if r.error:
+        return f"{status} {r.scenario.name:34s} expected {r.scenario.expect.value:5s}  error: {r.error}"
+    return (
+        f"{status} {r.scenario.name:34s} expected {r.scenario.expect.value:5s} "
+        f"observed {r.observed.value:5s} stale {t.stale_replays:>5d}/{t.replays:<5d} "
+        f"({t.stale_rate:6.1%}) layers {_layers(r):8s} findings {len(r.findings):3d} "
+        f"{r.replays_per_s:6.0f} replays/s"
+    )
+
+
+def summary_line(results: Sequence[ScenarioResult], report: object = None) -> str:
+    met = sum(r.met for r in results)
+    where = f"; results: {report}" if report is not None else ""
+    return f"{met}/{len(results)} scenarios met their expectation{where}"
+
+
+def _live_line(r: ScenarioResult, status: str | None) -> str:
+    """A shorter, coloured line: a terminal may be narrower than the plain line."""
+    style = "green" if r.met else "bold red"
+    head = f"[{style}]{escape(status or ('ok' if r.met else 'FAIL'))}[/] [bold]{r.scenario.name}[/]"
+    head += f" expected {r.scenario.expect.value}"
+    if r.error:
+        return f"{head} [red]error[/] {escape(r.error)}"
+    t = r.tally
+    return (f"{head} observed {r.observed.value}  stale {t.stale_replays}/{t.replays} "
+            f"({t.stale_rate:.1%})  layers {_layers(r)}  findings {len(r.findings)}  "
+            f"{r.replays_per_s:.0f} replays/s")
+
+
+class RunConsole:
+    """start(total, device) -> scenario_done(result) per scenario -> finish(results, report)."""
+
+    def __init__(self, file: IO[str] | None = None, *, force_terminal: bool | None = None):
+        self._file = file  # None: whatever sys.stdout is at each print, so captured output works
+        self.console = None if Console is None else Console(
+            file=file, force_terminal=force_terminal, highlight=False)
+        self.live = self.console is not None and self.console.is_terminal
+        self._progress = None
+        self._task = None
+
+    def _plain(self, text: str) -> None:
+        # Straight to the file: rich would wrap long lines at its idea of the width.
+        out = self._file or sys.stdout
+        out.write(text + "\n")
+        out.flush()
+
+    def start(self, total: int, device_name: str) -> None:
+        if not self.live:
+            self._plain(f"device: {device_name}  scenarios: {total}")
+            return
+        self.console.print(f"[bold]device[/] {escape(device_name)}  [bold]scenarios[/] {total}")
+        self._progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=self.console, transient=True,  # the table replaces the bar at the end
+        )
+        self._task = self._progress.add_task("scenarios", total=total)
+        self._progress.start()
+
+    def scenario_done(self, r: ScenarioResult, status: str | None = None) -> None:
+        if not self.live:
+            self._plain(plain_line(r, status))
+            return
+        # On the progress bar's console, so the line lands above the bar.
+        self.console.print(_live_line(r, status and status.strip()))
+        self._progress.update(self._task, advance=1, description=r.scenario.name)
+
+    def note(self, text: str) -> None:
+        """A remark on the scenario just done (how a fault was injected, say)."""
+        if self.live:
+            self.console.print(f"     [dim]note: {escape(text)}[/]")
+        else:
+            self._plain(f"     note: {text}")
+
+    def stop(self) -> None:
+        """End the progress bar (finish does it; a command with its own summary calls it)."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def finish(self, results: Sequence[ScenarioResult], report: object = None) -> None:
+        self.stop()
+        if not self.live:
+            self._plain(summary_line(results, report))
+            return
+        self.console.print(results_table(results))
+        for r in results:
+            if r.error:
+                self.console.print(f"[bold red]error[/] {r.scenario.name}: {escape(r.error)}")
+        style = "green" if all(r.met for r in results) else "bold red"
+        self.console.print(f"[{style}]{escape(summary_line(results, report))}[/]")
+
+
+def results_table(results: Sequence[ScenarioResult]):
+    # No cell padding: the box's own column gap is one space, so 80 columns hold every column.
+    table = Table(title="fence-harness", box=box.SIMPLE_HEAD, padding=0, show_edge=False)
+    longest = max((len(r.scenario.name) for r in results), default=8)
+    table.add_column("scenario", no_wrap=True, min_width=longest)  # names are what people grep for
+    for name in ("expected", "observed"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("stale", justify="right", no_wrap=True)
+    table.add_column("layers", overflow="fold", min_width=6)  # the one column that may wrap
+    for name in ("findings", "replays/s"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for r in results:
+        t = r.tally
+        observed = "[red]error[/]" if r.error else (r.observed.value if r.observed else "-")
+        table.add_row(
+            f"[{'green' if r.met else 'bold red'}]{r.scenario.name}[/]",
+            r.scenario.expect.value,
+            observed,
+            f"{t.stale_replays}/{t.replays} {t.stale_rate:.0%}",
+            _layers(r),
+            str(len(r.findings)),
+            f"{r.replays_per_s:.0f}",
+        )
+    return table

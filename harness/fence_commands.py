@@ -1,0 +1,139 @@
+"""`fence-harness fences` (every strategy against every race) and `fence-harness bench` (their cost).
+
+fences: each full-graph race scenario of the default set, and each kill-matrix
+mutant whose defect is its fence, is run with every fence strategy in place of
+its own. `none` must be caught on every one; every correct strategy must be clean
+on every one (no stale replay, no analyser finding). Exit 1 otherwise.
+
+bench: see `harness.bench`. Prints a table per point and writes the `bench`
+section of results.json; exit 0 (a benchmark measures, it does not judge).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.devices import DEVICE_NAMES, open_device
+from harness.fences import STRATEGIES
+from harness.pipeline import ScenarioResult, run_scenario
+from harness.scenario import Backend, Expect, Scenario
+
+# Kill-matrix mutants whose only defect is the fence: a correct strategy in its place fixes them.
+FENCE_MUTANTS = ("none", "first_event", "wrong_stream", "previous_op")
+
+
+def race_scenarios() -> list[Scenario]:
+    from harness.scenario_file import SCENARIO_DIR, default_files, load_files
+
+    scenarios = [s for s in load_files(default_files())
+                 if s.expect is Expect.RACE and s.backend is Backend.FULL]
+    matrix = load_files(sorted((SCENARIO_DIR / "mutants").glob("*.toml")))
+    scenarios += [s for s in matrix if s.expect is Expect.RACE and s.fence in FENCE_MUTANTS
+                  and s.schedule == "layerwise" and s.accessor == "per_layer"]
+    return scenarios
+
+
+@dataclass(frozen=True)
+class Cell:
+    scenario: str
+    strategy: str
+    stale_replays: int
+    replays: int
+    findings: int
+    error: str | None
+
+    @property
+    def raced(self) -> bool:
+        return self.stale_replays > 0 or self.findings > 0
+
+    @property
+    def ok(self) -> bool:
+        if self.error is not None:
+            return False
+        return self.raced if self.strategy == "none" else not self.raced
+
+
+def cell(r: ScenarioResult, base: str) -> Cell:
+    return Cell(base, r.scenario.fence, r.tally.stale_replays, r.tally.replays, len(r.findings), r.error)
+
+
+def cmd_fences(args: argparse.Namespace) -> int:
+    from harness.results import as_plain, build_results, write_results
+
+    dev = open_device(args.device, args.sim_costs)
+    strategies = ["none", *STRATEGIES]
+    scenarios = race_scenarios()
+    print(f"device: {dev.name}  race scenarios: {len(scenarios)}  strategies: {', '.join(strategies)}")
+    started, results, cells = time.time(), [], []
+    for s in scenarios:
+        row = []
+        for strategy in strategies:
+            variant = s.with_overrides(name=f"{s.name}@{strategy}", fence=strategy,
+                                       expect=Expect.RACE if strategy == "none" else Expect.CLEAN)
+            r = run_scenario(variant, dev, replays=args.replays, timeout_s=args.timeout)
+            results.append(r)
+            c = cell(r, s.name)
+            cells.append(c)
+            row.append(f"{strategy}={'err' if c.error else f'{c.stale_replays}/{c.replays}'}"
+                       f"{'' if c.ok else '!'}")
+        print(f"{s.name:38s} " + "  ".join(row), flush=True)
+    bad = [c for c in cells if not c.ok]
+    doc = build_results(results, dev.describe(), started, time.time(),
+                        {"strategies": {"cells": [{**as_plain(c), "ok": c.ok} for c in cells]}})
+    path = write_results(args.out, doc)
+    print(f"{len(cells) - len(bad)}/{len(cells)} cells as expected (none caught, every strategy clean); "
+          f"results: {path}")
+    for c in bad:
+        print(f"  unexpected: {c.scenario} with {c.strategy}: stale {c.stale_replays}/{c.replays}, "
+              f"findings {c.findings}{', error: ' + c.error if c.error else ''}")
+    return 0 if not bad else 1
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from harness.bench import ARMS, DEFAULT_POINT, bench_point, sweep
+    from harness.results import build_results, write_results
+
+    dev = open_device(args.device, args.sim_costs)
+    points = [DEFAULT_POINT] if args.points == "default" else sweep()
+    print(f"device: {dev.name}  points: {len(points)}  repeats: {args.repeats} (+{args.warmup} warm-up)")
+    started, rows = time.time(), []
+    for point in points:
+        res = bench_point(dev, point, args.repeats, args.warmup, args.timeout)
+        rows += res.rows()
+        ld, cp = res.stats["load"], res.stats["compute"]
+        print(f"\n{point.kind} {point.layers} layers, prefix {point.prefix}: load {ld.median_ms:.3f} ms "
+              f"[{ld.p10_ms:.3f}-{ld.p90_ms:.3f}], compute {cp.median_ms:.3f} ms "
+              f"[{cp.p10_ms:.3f}-{cp.p90_ms:.3f}], bound {res.bound_ms:.3f} ms")
+        for arm in ARMS:
+            st = res.stats[arm]
+            print(f"  {arm:16s} {st.median_ms:8.3f} ms  p10 {st.p10_ms:7.3f}  p90 {st.p90_ms:7.3f}  "
+                  f"x{res.ratio(arm):.2f} of bound  (forward starts at {res.forward_starts[arm].median_ms:.3f} ms)",
+                  flush=True)
+    doc = build_results([], dev.describe(), started, time.time(),
+                        {"bench": {"points": rows, "clock": "virtual" if dev.name == "sim" else "device"}})
+    print(f"\nresults: {write_results(args.out, doc)}")
+    return 0
+
+
+def add_commands(sub) -> None:
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--device", default="auto", choices=DEVICE_NAMES)
+        sp.add_argument("--timeout", type=float, default=30.0)
+        sp.add_argument("--sim-cost", dest="sim_costs", action="append", default=[], metavar="KEY=VALUE")
+        sp.add_argument("--out", type=Path, default=Path("reports"))
+
+    f = sub.add_parser("fences", help="every fence strategy against every full-graph race scenario")
+    f.add_argument("--replays", type=int, default=None, help="replays per cell (default: the scenario's)")
+    common(f)
+    b = sub.add_parser("bench", help="end-to-end cost of each fence strategy against max(load, compute)")
+    b.add_argument("--points", choices=("sweep", "default"), default="sweep",
+                   help="the whole sweep, or the default point only (8 attention layers, 2,048 tokens)")
+    b.add_argument("--repeats", type=int, default=100)
+    b.add_argument("--warmup", type=int, default=10)
+    common(b)
+
+
+HANDLERS = {"fences": cmd_fences, "bench": cmd_bench}

@@ -1,0 +1,178 @@
+"""Several GPUs under pytest-xdist: one GPU per worker, one results.json per run.
+
+Pinning: a worker sets CUDA_VISIBLE_DEVICES to the UUID of GPU number
+(worker index % GPU count) before anything initialises CUDA, so every worker
+sees exactly one GPU as cuda:0. The GPUs are listed through NVML, which numbers
+every GPU of the host whatever CUDA_VISIBLE_DEVICES says; where the caller
+already narrowed CUDA_VISIBLE_DEVICES, only those GPUs are shared out. A worker
+is known by PYTEST_XDIST_WORKER, which xdist sets before the worker's pytest
+starts (a pytest started inside a worker inherits it, and pins the same way).
+
+Merging: each worker writes its part of the run (a results.json document of the
+scenarios it ran, plus its worker id and GPU UUID) into a folder the controller
+made; the controller merges the parts into one document.
+
+    python -m harness.gpu_workers count    the number of usable GPUs (1 when none)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import uuid
+from collections.abc import Callable, Iterable, MutableMapping
+from pathlib import Path
+
+VISIBLE = "CUDA_VISIBLE_DEVICES"
+WORKER = "PYTEST_XDIST_WORKER"
+PART_GLOB = "part-*.json"
+
+
+def nvml_gpu_uuids() -> list[str]:
+    """Every GPU's UUID in NVML order; [] without NVML or a driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no bindings, no driver: no GPUs to share out
+        return []
+    try:
+        uuids = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+                 for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:  # noqa: BLE001
+        return []
+    finally:
+        pynvml.nvmlShutdown()
+    return [u.decode() if isinstance(u, bytes) else u for u in uuids]
+
+
+def visible_gpus(uuids: list[str], spec: str | None) -> list[str]:
+    """The GPUs of `uuids` that a CUDA_VISIBLE_DEVICES value `spec` leaves visible.
+
+    Entries are NVML indices (the same order as CUDA's on a host of one GPU
+    model) or UUIDs, which CUDA also accepts by unique prefix. Like CUDA, stop at
+    the first entry that names no GPU; a MIG instance is such an entry here, so
+    MIG set-ups are left alone.
+    """
+    if spec is None:
+        return list(uuids)
+    chosen: list[str] = []
+    for entry in (e.strip() for e in spec.split(",")):
+        if entry.isdigit() and int(entry) < len(uuids):
+            chosen.append(uuids[int(entry)])
+            continue
+        matches = [u for u in uuids if entry.startswith("GPU-") and u.startswith(entry)]
+        if len(matches) != 1:
+            break
+        chosen.append(matches[0])
+    return chosen
+
+
+def gpu_count(environ: MutableMapping[str, str] | None = None,
+              list_uuids: Callable[[], list[str]] | None = None) -> int:
+    """GPUs the workers can be spread over (0 when none)."""
+    environ = os.environ if environ is None else environ
+    return len(visible_gpus((list_uuids or nvml_gpu_uuids)(), environ.get(VISIBLE)))
+
+
+def worker_index(worker_id: str | None) -> int | None:
+    """3 for xdist's 'gw3'; None outside an xdist worker."""
+    m = re.fullmatch(r"gw(\d+)", worker_id or "")
+    return int(m.group(1)) if m else None
+
+
+def pin_worker(environ: MutableMapping[str, str] | None = None,
+               list_uuids: Callable[[], list[str]] | None = None) -> str | None:
+    """Point this xdist worker at one GPU; return its UUID, or None when nothing was done.
+
+    Calling it again is harmless: once pinned, the one visible GPU is the same one.
+    """
+    environ = os.environ if environ is None else environ
+    index = worker_index(environ.get(WORKER))
+    if index is None:
+        return None
+    gpus = visible_gpus((list_uuids or nvml_gpu_uuids)(), environ.get(VISIBLE))
+    if not gpus:
+        return None
+    chosen = gpus[index % len(gpus)]
+    if environ.get(VISIBLE) != chosen and _cuda_initialised():
+        # CUDA reads the variable once, when first used: setting it now would pin nothing.
+        # (A bare device count also fixes it without showing here: pin before anything asks.)
+        raise RuntimeError(
+            f"worker {environ[WORKER]}: CUDA was initialised before the worker could pin "
+            f"itself to {chosen}; load the fence-harness pytest plugin with -p or its entry point"
+        )
+    environ[VISIBLE] = chosen
+    return chosen
+
+
+def _cuda_initialised() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+# ---------------------------------------------------------------- partial results
+
+
+def write_part(folder: Path, worker: str, gpu_uuid: str | None, doc: dict) -> Path:
+    """One worker's results.json document, tagged with the worker and its GPU."""
+    path = Path(folder) / f"part-{worker}.json"
+    tmp = path.with_suffix(".tmp")  # renamed into place: the controller never reads half a part
+    tmp.write_text(json.dumps({**doc, "worker": worker, "gpu_uuid": gpu_uuid}), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def read_parts(folder: Path) -> list[dict]:
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(Path(folder).glob(PART_GLOB))]
+
+
+def merge(parts: list[dict], order: Iterable[str] = (), command: list[str] | None = None) -> dict:
+    """One results.json document from the parts: every scenario once, in `order` first.
+
+    Each scenario entry keeps the worker that ran it and that worker's GPU UUID;
+    the environment is the first part's, plus the workers and the GPUs used.
+    """
+    if not parts:
+        raise ValueError("no parts to merge")
+    parts = sorted(parts, key=lambda p: (worker_index(p["worker"]) is None, worker_index(p["worker"]) or 0))
+    entries: dict[str, dict] = {}
+    for part in parts:
+        for entry in part["scenarios"]:
+            # setdefault: a scenario reported twice keeps its first run.
+            entries.setdefault(entry["name"], {**entry, "worker": part["worker"], "gpu_uuid": part["gpu_uuid"]})
+    rank = {name: i for i, name in enumerate(order)}
+    scenarios = sorted(entries.values(), key=lambda e: rank.get(e["name"], len(rank)))
+    first = parts[0]
+    workers = {p["worker"]: p["gpu_uuid"] for p in parts}
+    return {
+        "schema_version": first["schema_version"],
+        "run_id": uuid.uuid4().hex[:12],
+        "git_commit": next((p["git_commit"] for p in parts if p.get("git_commit")), None),
+        "started": min(p["started"] for p in parts),  # ISO 8601 UTC: text order is time order
+        "finished": max(p["finished"] for p in parts),
+        "command": command if command is not None else first["command"],
+        "environment": {**first["environment"], "workers": workers,
+                        "gpus": sorted({u for u in workers.values() if u})},
+        "summary": {
+            "scenarios": len(scenarios),
+            "met": sum(bool(e["met"]) for e in scenarios),
+            "errors": sum(e["error"] is not None for e in scenarios),
+        },
+        "scenarios": scenarios,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv != ["count"]:
+        print("usage: python -m harness.gpu_workers count", file=sys.stderr)
+        return 2
+    print(max(1, gpu_count()))  # -n 1 on a host without GPUs still runs the suite
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,471 @@
+"""pytest plugin: scenario files as test items, fixtures for race tests, results.json.
+
+Loaded by the `fence_harness` pytest11 entry point where the package is
+installed, or with `-p harness.pytest_plugin` where it is only on the path.
+
+    pytest --harness-scenarios scenarios/default.toml [--harness-device sim]
+           [--harness-replays N] [--harness-report DIR] [-n N]
+
+Every scenario becomes an item `FILE::NAME`, marked `gpu` (CUDA device) or `sim`;
+it passes when the scenario meets its expectation. Each setting can also come
+from the environment (FENCE_HARNESS_DEVICE, ...) or the ini file (harness_device,
+...); the command line wins over the environment, which wins over the ini file.
+
+The engine knows nothing of pytest: this module only calls `run_scenario`,
+`open_device` and `results`. Harness modules are imported when first needed,
+so a session that does not use the harness does not pay for torch.
+
+PYTEST_DONT_REWRITE: the module holds no asserts, and it may already be imported
+when pytest loads it as a plugin.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import gpu_workers
+
+ENTRY_POINT = "fence_harness"
+PARTS_KEY = "fence_harness_parts"  # workerinput: where a worker writes its part
+FINDINGS_SHOWN = 3
+
+
+# ---------------------------------------------------------------- registration
+
+
+def pytest_plugin_registered(plugin: Any, manager: pytest.PytestPluginManager) -> None:
+    # The entry point and `-p harness.pytest_plugin` name this one module twice, and
+    # pluggy refuses a plugin registered under a second name: the first name blocks the other.
+    if plugin is not sys.modules[__name__]:
+        return
+    name = manager.get_name(plugin)
+    other = __name__ if name == ENTRY_POINT else ENTRY_POINT
+    if manager.get_plugin(other) is None and not manager.is_blocked(other):
+        manager.set_blocked(other)
+
+
+# ---------------------------------------------------------------- settings
+
+
+def _device(raw: str) -> str:
+    from harness.devices import DEVICE_NAMES
+
+    if raw not in DEVICE_NAMES:
+        raise ValueError(f"expected one of {', '.join(DEVICE_NAMES)}")
+    return raw
+
+
+def _replays(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError("expected a positive integer")
+    return value
+
+
+def _paths(raw: str) -> list[str]:
+    paths = shlex.split(raw)
+    if not paths:
+        raise ValueError("expected one or more scenario files")
+    return paths
+
+
+def _path(raw: str) -> str:
+    if not raw.strip():
+        raise ValueError("expected a folder")
+    return raw
+
+
+@dataclass(frozen=True)
+class _Setting:
+    name: str  # --harness-NAME, FENCE_HARNESS_NAME, harness_NAME
+    parse: Callable[[str], Any]  # raises ValueError with what would be valid
+    help: str
+    is_path: bool = False  # relative paths: to the invocation folder, or the ini file's
+
+    @property
+    def flag(self) -> str:
+        return f"--harness-{self.name}"
+
+    @property
+    def env(self) -> str:
+        return f"FENCE_HARNESS_{self.name.upper()}"
+
+    @property
+    def ini(self) -> str:
+        return f"harness_{self.name}"
+
+
+SETTINGS = (
+    _Setting("device", _device, "auto (cuda when torch sees one), cuda or sim; default auto"),
+    _Setting("replays", _replays, "replays per scenario (default: each scenario's own)"),
+    _Setting("scenarios", _paths, "scenario TOML files; each scenario becomes a test item", is_path=True),
+    _Setting("report", _path, "folder for results.json and summary.md (default: reports/ at the rootdir)",
+             is_path=True),
+)
+
+
+@dataclass
+class Settings:
+    device: str = "auto"
+    replays: int | None = None
+    scenarios: list[Path] = field(default_factory=list)
+    report: Path = Path("reports")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("fence-harness", "fence-harness race scenarios")
+    for s in SETTINGS:
+        extra: dict[str, Any] = {"nargs": "+", "action": "extend"} if s.name == "scenarios" else {}
+        group.addoption(s.flag, dest=s.ini, default=None, metavar="FILE" if extra else s.name.upper(),
+                        help=f"{s.help} [env {s.env}, ini {s.ini}]", **extra)
+        parser.addini(s.ini, f"{s.help} (--harness-{s.name} and {s.env} override it)", default="")
+
+
+def _raw_value(config: pytest.Config, s: _Setting, environ: dict[str, str]):
+    """(text, how to show it, where it came from, folder relative paths start from), or None."""
+    given = config.getoption(s.ini)
+    if given is not None:
+        text = shlex.join(given) if isinstance(given, list) else given  # --harness-scenarios: a list
+        return text, f"{s.flag}={text}", "command line", None
+    if environ.get(s.env, "") != "":
+        return environ[s.env], f"{s.env}={environ[s.env]}", "environment", None
+    text = config.getini(s.ini)
+    if text != "":
+        # An ini file's paths are relative to the ini file, as pytest's own are.
+        return text, f"{s.ini}={text}", "ini file", config.inipath.parent if config.inipath else config.rootpath
+    return None
+
+
+def read_settings(config: pytest.Config, environ: dict[str, str]) -> Settings:
+    """Each setting from the command line, else the environment, else the ini file, else the default."""
+    values: dict[str, Any] = {"report": config.rootpath / "reports"}
+    for s in SETTINGS:
+        found = _raw_value(config, s, environ)
+        if found is None:
+            continue
+        text, shown, source, base = found
+        try:
+            value = s.parse(text)
+        except ValueError as e:
+            raise pytest.UsageError(f"{shown} ({source}): {e}") from None
+        if s.is_path and base is not None:
+            value = [base / v for v in value] if isinstance(value, list) else base / value
+        values[s.name] = value
+    settings = Settings(**values)
+    settings.scenarios = [Path(p) for p in settings.scenarios]
+    settings.report = Path(settings.report)
+    return settings
+
+
+# ---------------------------------------------------------------- per-session state
+
+
+@dataclass
+class _State:
+    settings: Settings
+    scenarios: list = field(default_factory=list)  # harness.scenario.Scenario, in file order
+    files: set[Path] = field(default_factory=set)  # the scenario files, resolved
+    results: dict = field(default_factory=dict)  # name -> ScenarioResult, in run order
+    started: float | None = None
+    parts_dir: Path | None = None  # controller under xdist: where workers write their parts
+    report_path: Path | None = None
+    _device: Any = None
+    _description: dict | None = None
+
+    def device(self):
+        if self._device is None:
+            from harness.devices import open_device
+
+            self._device = open_device(self.settings.device)
+        return self._device
+
+    def describe(self) -> dict:
+        if self._description is None:
+            self._description = self.device().describe()
+        return self._description
+
+    def device_kind(self) -> str:
+        """cuda or sim, without opening the device (collection marks items with it)."""
+        if self.settings.device != "auto":
+            return self.settings.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "sim"
+
+    def gpu_uuid(self) -> str | None:
+        dev = self.device()
+        if dev.torch_device.type != "cuda":
+            return None
+        import torch
+
+        found = getattr(torch.cuda.get_device_properties(dev.torch_device), "uuid", None)
+        if found:
+            return f"GPU-{found}"
+        pinned = os.environ.get(gpu_workers.VISIBLE, "")  # an older torch: the worker's pin, if any
+        return pinned if pinned.startswith("GPU-") and "," not in pinned else None
+
+
+_STATE = pytest.StashKey[_State]()
+
+
+def _state(config: pytest.Config) -> _State:
+    return config.stash[_STATE]
+
+
+def settings(config: pytest.Config) -> Settings:
+    """The session's resolved settings (after command line, environment and ini file)."""
+    return _state(config).settings
+
+
+def pytest_load_initial_conftests() -> None:
+    # Before any conftest can import and initialise CUDA.
+    gpu_workers.pin_worker()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    gpu_workers.pin_worker()  # again, for a plugin loaded too late for the hook above
+    for marker in ("gpu: needs a CUDA device", "sim: runs on the CPU simulator",
+                   "slow: takes long; deselect with -m 'not slow'"):
+        config.addinivalue_line("markers", marker)
+    state = _State(read_settings(config, dict(os.environ)))
+    config.stash[_STATE] = state
+    if not state.settings.scenarios:
+        return
+    from harness.errors import InputError
+    from harness.scenario_file import load_files
+
+    try:
+        state.scenarios = load_files(state.settings.scenarios)
+    except InputError as e:
+        raise pytest.UsageError(str(e)) from None
+    # The files join the collection whatever paths were given, unless already among them.
+    given = {Path(a.split("::")[0]).resolve() for a in config.args}
+    for path in (p.resolve() for p in state.settings.scenarios):
+        if path not in given | state.files:
+            config.args.append(str(path))
+        state.files.add(path)
+
+
+# ---------------------------------------------------------------- collection
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector):
+    state = parent.config.stash.get(_STATE, None)
+    if state and file_path.resolve() in state.files:
+        return ScenarioFile.from_parent(parent, path=file_path)
+    return None
+
+
+class ScenarioFile(pytest.File):
+    def collect(self):
+        state = _state(self.config)
+        marker = "gpu" if state.device_kind() == "cuda" else "sim"
+        for scenario in state.scenarios:
+            if Path(scenario.source).resolve() == self.path.resolve():
+                item = ScenarioItem.from_parent(self, name=scenario.name, scenario=scenario)
+                item.add_marker(marker)
+                yield item
+
+
+FIXTURES = ("harness_device", "run_harness_scenario", "harness_ground_truth")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Tests built on the fixtures carry the device's marker too, so `-m gpu` on a GPU
+    # runner picks them, and a conftest that skips `gpu` tests without CUDA sees it.
+    marker = None
+    for item in items:
+        if set(FIXTURES) & set(getattr(item, "fixturenames", ())):
+            marker = marker or ("gpu" if _state(config).device_kind() == "cuda" else "sim")
+            item.add_marker(marker)
+
+
+class ScenarioFailed(Exception):
+    """A scenario that did not meet its expectation (the result says how)."""
+
+    def __init__(self, result):
+        super().__init__(result.scenario.name)
+        self.result = result
+
+
+class ScenarioItem(pytest.Item):
+    def __init__(self, *, scenario, **kwargs):
+        super().__init__(**kwargs)
+        self.scenario = scenario
+
+    def runtest(self) -> None:
+        from harness.errors import HarnessError
+        from harness.pipeline import run_scenario
+
+        state = _state(self.config)
+        try:
+            dev = state.device()
+        except HarnessError as e:  # e.g. --harness-device cuda without CUDA: one line, no traceback
+            pytest.fail(str(e), pytrace=False)
+        state.started = state.started or time.time()
+        result = run_scenario(self.scenario, dev, replays=state.settings.replays)
+        state.results[self.scenario.name] = result
+        self.user_properties.extend(junit_properties(result, state.describe(), state.gpu_uuid()))
+        if not result.met:
+            raise ScenarioFailed(result)
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, ScenarioFailed):
+            return verdict(excinfo.value.result)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, None, f"scenario {self.name}: {self.scenario.describe()}"
+
+
+def _layers(result) -> str:
+    return ",".join(str(k) for k in sorted(result.tally.layer_counts)) or "-"
+
+
+def verdict(result) -> str:
+    """What a failed scenario item prints: enough to act on without opening results.json."""
+    s, t = result.scenario, result.tally
+    observed = result.observed.value if result.observed else "no verdict"
+    lines = [
+        f"{s.name}: expected {s.expect.value}, observed {observed}",
+        f"  stale {t.stale_replays}/{t.replays} replays ({t.stale_rate:.1%}), stale layers {_layers(result)}",
+        f"  findings {len(result.findings)}",
+    ]
+    lines += [f"    - {f.describe()}" for f in result.findings[:FINDINGS_SHOWN]]
+    if len(result.findings) > FINDINGS_SHOWN:
+        lines.append(f"    ... and {len(result.findings) - FINDINGS_SHOWN} more")
+    if result.error:
+        lines.append(f"  error: {result.error}")
+    lines.append(f"  scenario: {s.describe()} ({s.source})")
+    return "\n".join(lines)
+
+
+def junit_properties(result, description: dict, gpu_uuid: str | None) -> list[tuple[str, str]]:
+    import torch
+
+    props = {
+        "expected": result.scenario.expect.value,
+        "observed": result.observed.value if result.observed else "none",
+        "stale_rate": f"{result.tally.stale_rate:.4f}",
+        "stale_layers": _layers(result),
+        "findings": len(result.findings),
+        "device": description.get("device", "?"),
+        "gpu": description.get("gpu", "none"),
+        "gpu_uuid": gpu_uuid or "none",
+        "torch": torch.__version__,
+    }
+    # Plain str: xdist ships properties to the controller, and it refuses str subclasses
+    # such as torch's version string.
+    return [(name, str(value)) for name, value in props.items()]
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def harness_device(pytestconfig: pytest.Config):
+    """The device the session runs on (--harness-device), opened once."""
+    from harness.errors import HarnessError
+
+    try:
+        return _state(pytestconfig).device()
+    except HarnessError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def run_harness_scenario(pytestconfig: pytest.Config, harness_device):
+    """run(scenario, **kwargs) -> ScenarioResult, with --harness-replays unless kwargs say otherwise."""
+    from harness.pipeline import run_scenario
+
+    replays = _state(pytestconfig).settings.replays
+
+    def run(scenario, **kwargs):
+        kwargs.setdefault("replays", replays)
+        return run_scenario(scenario, harness_device, **kwargs)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def harness_ground_truth(harness_device):
+    """build(scenario, timeout_s=30.0) -> (bench, oracle): the built bench and its eager ground truth."""
+    from harness.pipeline import Bench, ground_truth
+
+    def build(scenario, timeout_s: float = 30.0):
+        bench = Bench.build(scenario, harness_device)
+        return bench, ground_truth(bench, timeout_s)
+
+    return build
+
+
+# ---------------------------------------------------------------- reports
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist controller: tell each worker where to write its part of the results."""
+    state = _state(node.config)
+    if state.scenarios:
+        if state.parts_dir is None:
+            state.parts_dir = Path(tempfile.mkdtemp(prefix="fence-harness-parts-"))
+        node.workerinput[PARTS_KEY] = str(state.parts_dir)
+
+
+def _own_part(state: _State) -> dict:
+    from harness.results import build_results
+
+    return build_results(list(state.results.values()), state.describe(), state.started, time.time())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    state = config.stash.get(_STATE, None)
+    if state is None:
+        return
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:  # an xdist worker: hand the results to the controller
+        if state.results and PARTS_KEY in workerinput:
+            gpu_workers.write_part(Path(workerinput[PARTS_KEY]), workerinput["workerid"],
+                                   state.gpu_uuid(), _own_part(state))
+        return
+    parts = []
+    if state.results:
+        parts.append({**_own_part(state), "worker": "main", "gpu_uuid": state.gpu_uuid()})
+    if state.parts_dir is not None:
+        parts += gpu_workers.read_parts(state.parts_dir)
+        shutil.rmtree(state.parts_dir, ignore_errors=True)
+    if not parts:
+        return
+    from harness.report.cli import append_step_summary, write_all
+    from harness.results import write_results
+
+    doc = gpu_workers.merge(parts, order=[s.name for s in state.scenarios], command=sys.argv)
+    state.report_path = write_results(state.settings.report, doc)
+    try:  # summary.md, report.html and the timelines: a view of results.json, never its loss
+        write_all(doc, state.settings.report)
+        append_step_summary(state.settings.report / "summary.md")
+    except Exception as e:  # noqa: BLE001
+        sys.stderr.write(f"fence-harness: warning: report not written: {e}\n")
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    state = config.stash.get(_STATE, None)
+    if state is not None and state.report_path is not None:
+        terminalreporter.write_sep("-", "fence-harness")
+        terminalreporter.write_line(f"results: {state.report_path}")

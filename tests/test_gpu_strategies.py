@@ -1,0 +1,36 @@
+"""Fence strategies on a real GPU (skipped without CUDA): each correct one clean where none races."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.fences import STRATEGIES
+from harness.pipeline import run_scenario
+from harness.scenario_file import default_files, load_files
+
+pytestmark = pytest.mark.gpu
+
+DEFAULT = {s.name: s for s in load_files(default_files())}
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    from harness.devices.cuda import CudaDevice
+
+    return CudaDevice()
+
+
+@pytest.mark.parametrize("base", ["gate-full-none", "hybrid-full-none"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_correct_strategy_is_clean_where_none_races(cuda, strategy, base):
+    s = DEFAULT[base]
+    bad = run_scenario(s, cuda, replays=50)
+    assert bad.tally.stale_replays > 0  # the teeth: unfenced, the same scenario races
+    r = run_scenario(s.with_overrides(fence=strategy), cuda, replays=200)
+    assert r.error is None, r.error
+    assert r.tally.stale_replays == 0 and not r.findings, (strategy, dict(r.tally.layer_counts))
+
+
+def test_layerwise_graph_is_clean_over_1000_gated_replays(cuda):
+    r = run_scenario(DEFAULT["gate-full-none"].with_overrides(fence="layerwise_graph"), cuda, replays=1000)
+    assert r.error is None and r.tally.replays == 1000 and r.tally.stale_replays == 0

@@ -1,0 +1,314 @@
+"""The pytest plugin, driven through pytester on the CPU simulator.
+
+Each run loads the plugin with `-p harness.pytest_plugin`, as a GPU runner without
+the package installed does; the entry-point route is checked with a stand-in
+distribution on the path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+import harness
+from harness.pytest_plugin import settings
+
+pytest_plugins = ["pytester"]
+
+ROOT = Path(harness.__file__).resolve().parent.parent
+PLUGIN = ("-p", "harness.pytest_plugin")
+
+TINY = """
+[models.tiny]
+layers = "AA"
+hidden = 64
+heads = 2
+kv_heads = 1
+head_dim = 32
+
+[defaults]
+model = "tiny"
+batch = [{ prefix = 32, new = 8 }]
+replays = 5
+fault = { kind = "delay", us = 200, where = "each" }
+
+[[scenario]]
+name = "tiny-full-none"
+backend = "full"
+fence = "none"
+expect = "race"
+
+[[scenario]]
+name = "tiny-full-final_event"
+backend = "full"
+fence = "final_event"
+expect = "clean"
+"""
+
+# The same race, expected clean: the item must fail and say why.
+WRONG = TINY.replace('fence = "none"\nexpect = "race"', 'fence = "none"\nexpect = "clean"').replace(
+    "tiny-full-none", "tiny-wrong").replace("tiny-full-final_event", "tiny-fenced")
+
+
+@pytest.fixture(autouse=True)
+def no_settings_from_outside(monkeypatch):
+    """Settings in the caller's environment would change what these runs see."""
+    for name in ("DEVICE", "REPLAYS", "SCENARIOS", "REPORT"):
+        monkeypatch.delenv(f"FENCE_HARNESS_{name}", raising=False)
+
+
+@pytest.fixture
+def tiny(pytester: pytest.Pytester) -> Path:
+    pytester.makefile(".toml", race=TINY)
+    return pytester.path / "race.toml"
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest(*PLUGIN, "-p", "no:cacheprovider", "--harness-device", "sim", *args)
+
+
+# ---------------------------------------------------------------- items
+
+
+def test_each_scenario_is_an_item_with_file_and_name_marked_sim(pytester, tiny):
+    result = run(pytester, "--harness-scenarios", "race.toml", "--collect-only", "-q")
+    result.stdout.fnmatch_lines(["race.toml::tiny-full-none", "race.toml::tiny-full-final_event"])
+    assert run(pytester, "--harness-scenarios", "race.toml", "-m", "sim",
+               "--collect-only", "-q").ret == 0
+    gpu_only = run(pytester, "--harness-scenarios", "race.toml", "-m", "gpu", "--collect-only", "-q")
+    gpu_only.stdout.fnmatch_lines(["*2 deselected*"])
+
+
+def test_scenarios_pass_and_a_missed_expectation_fails_with_its_verdict(pytester, tiny):
+    pytester.makefile(".toml", wrong=WRONG)
+    result = run(pytester, "--harness-scenarios", "race.toml", "wrong.toml",
+                 "--harness-report", "out", "-rf")
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines([
+        "*tiny-wrong: expected clean, observed race",
+        "*stale 5/5 replays (100.0%), stale layers 0,1",
+        "*findings 4",
+        "*- * reads *, but nothing orders it after the H2D copy on load*",
+        "results: *out*results.json",
+        "FAILED wrong.toml::tiny-wrong - tiny-wrong: expected clean, observed race",
+    ])
+    doc = json.loads((pytester.path / "out" / "results.json").read_text())
+    assert [e["name"] for e in doc["scenarios"]] == [
+        "tiny-full-none", "tiny-full-final_event", "tiny-wrong", "tiny-fenced"]
+    assert doc["summary"] == {"scenarios": 4, "met": 3, "errors": 0}
+    assert {e["worker"] for e in doc["scenarios"]} == {"main"}
+    summary = (pytester.path / "out" / "summary.md").read_text()
+    assert "3/4 met" in summary and "| tiny-wrong ❌ | clean | race | 100.0% (5/5) |" in summary
+    assert (pytester.path / "out" / "report.html").is_file()
+
+
+def test_replays_override_and_junit_properties(pytester, tiny):
+    result = run(pytester, "--harness-scenarios", "race.toml", "--harness-replays", "3",
+                 "--harness-report", "out", "--junitxml", "junit.xml")
+    result.assert_outcomes(passed=2)
+    cases = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")}
+             for c in ET.parse(pytester.path / "junit.xml").iter("testcase")}
+    race = cases["tiny-full-none"]
+    assert race["expected"] == race["observed"] == "race"
+    assert race["stale_rate"] == "1.0000" and race["stale_layers"] == "0,1"
+    assert int(race["findings"]) > 0
+    assert (race["device"], race["gpu"], race["gpu_uuid"]) == ("sim", "none", "none")
+    assert race["torch"] == __import__("torch").__version__
+    clean = cases["tiny-full-final_event"]
+    assert (clean["observed"], clean["stale_rate"], clean["stale_layers"], clean["findings"]) == (
+        "clean", "0.0000", "-", "0")
+    doc = json.loads((pytester.path / "out" / "results.json").read_text())
+    assert [e["replays"] for e in doc["scenarios"]] == [3, 3]
+
+
+def test_no_scenarios_no_items_and_no_report(pytester):
+    pytester.makepyfile("def test_plain(): pass")
+    result = run(pytester)
+    result.assert_outcomes(passed=1)
+    assert not (pytester.path / "reports").exists()
+    assert "results: " not in result.stdout.str()
+
+
+# ---------------------------------------------------------------- settings
+
+
+def test_markers_options_and_ini_keys_are_registered(pytester):
+    markers = pytester.runpytest(*PLUGIN, "--markers").stdout.str()
+    assert all(f"@pytest.mark.{m}:" in markers for m in ("gpu", "sim", "slow"))
+    helptext = pytester.runpytest(*PLUGIN, "--help").stdout.str()
+    assert "fence-harness" in helptext
+    for name in ("device", "replays", "scenarios", "report"):
+        assert f"--harness-{name}" in helptext and f"harness_{name}" in helptext
+        assert f"FENCE_HARNESS_{name.upper()}" in helptext
+
+
+@pytest.mark.parametrize("ini, env, cli, expected", [
+    (None, None, None, None),  # default: each scenario's own count
+    ("2", None, None, 2),
+    ("2", "3", None, 3),  # environment over ini file
+    ("2", "3", "4", 4),  # command line over both
+    (None, "3", "4", 4),
+])
+def test_precedence_command_line_then_environment_then_ini(pytester, monkeypatch, ini, env, cli, expected):
+    if ini:
+        pytester.makeini(f"[pytest]\nharness_replays = {ini}\n")
+    if env:
+        monkeypatch.setenv("FENCE_HARNESS_REPLAYS", env)
+    args = ["--harness-replays", cli] if cli else []
+    assert settings(pytester.parseconfigure(*PLUGIN, *args)).replays == expected
+
+
+def test_every_setting_from_the_ini_file_and_its_paths_relative_to_it(pytester, monkeypatch, tiny):
+    pytester.makeini("[pytest]\nharness_device = sim\nharness_scenarios = race.toml\nharness_report = out\n")
+    monkeypatch.chdir(pytester.mkdir("elsewhere"))
+    s = settings(pytester.parseconfigure(*PLUGIN, "-c", str(pytester.path / "tox.ini")))
+    assert (s.device, s.scenarios, s.report) == ("sim", [tiny], pytester.path / "out")
+
+
+def test_defaults(pytester):
+    s = settings(pytester.parseconfigure(*PLUGIN))
+    assert (s.device, s.replays, s.scenarios) == ("auto", None, [])
+    assert s.report == pytester.path / "reports"
+
+
+@pytest.mark.parametrize("where, message", [
+    ("env", "FENCE_HARNESS_REPLAYS=abc (environment): expected a positive integer"),
+    ("cli", "--harness-replays=abc (command line): expected a positive integer"),
+    ("ini", "harness_replays=abc (ini file): expected a positive integer"),
+])
+def test_a_bad_value_is_a_usage_error_naming_its_source(pytester, monkeypatch, where, message):
+    args = []
+    if where == "env":
+        monkeypatch.setenv("FENCE_HARNESS_REPLAYS", "abc")
+    elif where == "cli":
+        args = ["--harness-replays", "abc"]
+    else:
+        pytester.makeini("[pytest]\nharness_replays = abc\n")
+    result = pytester.runpytest(*PLUGIN, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+
+
+@pytest.mark.parametrize("env, value, message", [
+    ("FENCE_HARNESS_DEVICE", "gpu", "FENCE_HARNESS_DEVICE=gpu (environment): expected one of auto, cuda, sim"),
+    ("FENCE_HARNESS_REPLAYS", "0", "FENCE_HARNESS_REPLAYS=0 (environment): expected a positive integer"),
+])
+def test_other_bad_values(pytester, monkeypatch, env, value, message):
+    monkeypatch.setenv(env, value)
+    result = pytester.runpytest(*PLUGIN)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+
+
+def test_a_bad_scenario_file_is_a_usage_error_with_the_harness_message(pytester):
+    pytester.makefile(".toml", bad=TINY.replace('backend = "full"', 'backend = "ful"', 1))
+    result = run(pytester, "--harness-scenarios", "bad.toml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    # The harness's own one-line message (fnmatch would read its [0] as a pattern).
+    assert result.stderr.lines[0].startswith("ERROR: bad.toml: scenario[0].backend: unknown value 'ful'")
+    missing = run(pytester, "--harness-scenarios", "nope.toml")
+    missing.stderr.fnmatch_lines(["ERROR: nope.toml: no such file"])
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+def test_fixtures_for_hand_written_race_tests(pytester, tiny):
+    pytester.makepyfile(
+        """
+        from harness.scenario_file import load_file
+
+        RACE, FENCED = load_file("race.toml")
+
+        def test_device(harness_device):
+            assert harness_device.name == "sim"
+
+        def test_run(run_harness_scenario):
+            r = run_harness_scenario(RACE)
+            assert r.met and r.tally.replays == 2  # --harness-replays
+            assert run_harness_scenario(FENCED, replays=1).tally.replays == 1
+
+        def test_ground_truth(harness_ground_truth):
+            bench, oracle = harness_ground_truth(RACE)
+            assert bench.scenario is RACE and len(oracle.units) > 0
+        """
+    )
+    run(pytester, "--harness-replays", "2").assert_outcomes(passed=3)
+    # They carry the device's marker, as the scenario items do.
+    run(pytester, "--harness-replays", "2", "-m", "sim").assert_outcomes(passed=3)
+    run(pytester, "-m", "gpu").assert_outcomes(deselected=3)
+
+
+# ---------------------------------------------------------------- both ways of loading
+
+
+@pytest.fixture
+def entry_point(pytester):
+    """A stand-in installed distribution whose pytest11 entry point is the plugin."""
+    info = pytester.mkdir("fence_harness_stub-0.0.dist-info")
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fence-harness-stub\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text("[pytest11]\nfence_harness = harness.pytest_plugin\n")
+    pytester.syspathinsert()
+
+
+@pytest.mark.parametrize("how", ["entry point", "and -p", "and PYTEST_PLUGINS"])
+def test_entry_point_and_explicit_loading_do_not_clash(pytester, monkeypatch, tiny, entry_point, how):
+    args = ["-p", "no:cacheprovider", "--harness-device", "sim", "--harness-scenarios", "race.toml"]
+    if how == "and -p":
+        args = [*PLUGIN, *args]
+    elif how == "and PYTEST_PLUGINS":  # registered after the entry point, the other way round
+        monkeypatch.setenv("PYTEST_PLUGINS", "harness.pytest_plugin")
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=2)
+
+
+# ---------------------------------------------------------------- several workers
+
+
+FAKE_NVML = """
+GPUS = [b"GPU-00000000-aaaa", b"GPU-11111111-bbbb"]
+nvmlInit = nvmlShutdown = lambda: None
+nvmlDeviceGetCount = lambda: len(GPUS)
+nvmlDeviceGetHandleByIndex = lambda i: i
+nvmlDeviceGetUUID = lambda i: GPUS[i]
+"""
+
+
+def test_xdist_workers_pin_one_gpu_each_and_merge_one_report(pytester, monkeypatch, tiny):
+    pytest.importorskip("xdist")
+    pytester.makefile(".toml", wrong=WRONG)
+    # NVML listing two GPUs (a fake one, first on the path); the simulator runs the scenarios.
+    pytester.makepyfile(pynvml=FAKE_NVML)
+    pytester.makepyfile(test_pins="""
+        import os
+
+        def test_pinned(worker_id):
+            index = int(worker_id[2:])
+            assert os.environ["CUDA_VISIBLE_DEVICES"] == ["GPU-00000000-aaaa", "GPU-11111111-bbbb"][index % 2]
+        """)
+    path = os.pathsep.join([str(pytester.path), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    monkeypatch.setenv("PYTHONPATH", path)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    # Under `make test -n 2` this test itself runs in a worker: the run below is a controller.
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TMPDIR", str(pytester.mkdir("tmp")))  # where the workers' parts go
+    result = pytester.runpytest_subprocess(
+        "-n", "2", "-p", "xdist", *PLUGIN, "-p", "no:cacheprovider", "--harness-device", "sim",
+        "--harness-scenarios", "race.toml", "wrong.toml", "--harness-report", "out",
+        "--dist", "loadfile",  # each file on one worker: test_pins, race.toml and wrong.toml spread out
+    )
+    result.assert_outcomes(passed=4, failed=1)
+    result.stdout.fnmatch_lines(["results: *out*results.json"])
+    doc = json.loads((pytester.path / "out" / "results.json").read_text())
+    names = [e["name"] for e in doc["scenarios"]]
+    assert names == ["tiny-full-none", "tiny-full-final_event", "tiny-wrong", "tiny-fenced"]
+    workers = {e["worker"] for e in doc["scenarios"]}
+    assert workers <= {"gw0", "gw1"} and set(doc["environment"]["workers"]) == workers
+    assert all(e["gpu_uuid"] is None for e in doc["scenarios"])  # the simulator is no GPU
+    assert doc["summary"] == {"scenarios": 4, "met": 3, "errors": 0}
+    assert not list((pytester.path / "tmp").iterdir())  # the parts are gone once merged
