@@ -31,12 +31,12 @@ def cuda():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_full_graph_without_fence_reads_stale_and_the_last_layer_most(cuda, kind):
-    # A 200 us delay before each copy races most replays, but how many depends on the
-    # host's enqueue time (on H200s here: 43% to 100% of 300 between machines): the gate
-    # (tests/test_gpu_injector.py) is what makes it every replay. Here: it races, and the
-    # staleness is localised the way the copy order says.
+    # How often a delay races depends on the host's enqueue time: at 200 us before each copy,
+    # H200 hosts here went from 0% to 100% of 300 replays between runs. At 1 ms (the default
+    # set's) the load outlasts any launch gap seen. The gate (tests/test_gpu_injector.py) is
+    # what makes it every replay. Here: it races, localised the way the copy order says.
     s = DEFAULT[f"{kind}-full-none"]
-    assert s.fault.us == 200 and s.backend is Backend.FULL and s.fence == "none"
+    assert s.fault.us == 1000 and s.backend is Backend.FULL and s.fence == "none"
     r = run_scenario(s, cuda, replays=300)
     assert r.error is None, r.error
     assert r.tally.stale_replays > 0

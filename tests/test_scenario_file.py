@@ -118,7 +118,7 @@ def test_default_set_shapes_and_settings():
         if variant == "nowaits":  # eager controls: one long delay outlasts host launch time
             assert s.fault == Fault(FaultKind.DELAY, 10000.0, DelayWhere.FIRST)
         else:
-            assert s.fault == Fault(FaultKind.DELAY, 200.0, DelayWhere.EACH)
+            assert s.fault == Fault(FaultKind.DELAY, 1000.0, DelayWhere.EACH)
         assert s.batch == (Request(256, 32), Request(128, 16))
         assert (s.replays, s.seed) == (200, 0)
         assert s.source == str(default_files()[0])
