@@ -85,6 +85,17 @@ class StreamClocks:
             self._clocks[sid] = dict(merged)
             self._tick(sid)
 
+    def forget(self, live: set[StreamId]) -> None:
+        """Drop the streams not in `live`, right after a host sync (their work is all done).
+
+        Without this a long run on one device keeps every stream it ever made in every
+        clock, and each host sync grows with all of them.
+        """
+        self._clocks = {sid: c for sid, c in self._clocks.items() if sid in live}
+        for c in [self._floor, *self._clocks.values()]:
+            for sid in [s for s in c if s not in live]:
+                del c[sid]
+
     def ordered(self, sid: StreamId, stamp: Stamp) -> bool:
         """Is work stamped `stamp` ordered before work enqueued on `sid` now?"""
         return self.clock(sid).get(stamp.stream, -1) >= stamp.epoch

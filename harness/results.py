@@ -63,6 +63,7 @@ def scenario_entry(r: ScenarioResult) -> dict:
         "finding_kinds": dict(sorted(Counter(f.kind.value for f in r.findings).items())),
         "hazard": r.scenario.hazard.value,
         "fault_mode": r.fault_mode,
+        "fault_text": r.scenario.fault.describe(),
         "sweep": [
             {"us": p.us, "replays": p.tally.replays, "stale_replays": p.tally.stale_replays,
              "stale_rate": p.tally.stale_rate}

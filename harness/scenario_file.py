@@ -391,8 +391,10 @@ def _delay_us(value: Any, key: str, allow_zero: bool = False) -> float:
 
 
 def _points(value: Any, key: str) -> tuple[float, ...]:
-    if not isinstance(value, list) or not value:
+    if not isinstance(value, list):
         raise _Invalid(key, f"expected {_FAULT_HINTS['points']}, got {_describe(value)}")
+    if not value:
+        raise _Invalid(key, f"an empty array; give at least one delay: {_FAULT_HINTS['points']}")
     points = tuple(_delay_us(v, f"{key}[{i}]", allow_zero=True) for i, v in enumerate(value))
     if len(set(points)) != len(points):
         raise _Invalid(key, "the same delay appears twice")

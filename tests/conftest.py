@@ -9,3 +9,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def stuck_gate(monkeypatch) -> str:
+    """The plugin path of a schedule that holds the gate where nothing will open it."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "plugins"))
+    return "stuck_gate:schedule"

@@ -14,33 +14,7 @@ from harness.cli import main
 ROOT = Path(__file__).resolve().parent.parent
 BAD = ROOT / "tests" / "data" / "bad_scenarios"
 
-TINY = """
-[models.tiny]
-layers = "AM"
-hidden = 32
-heads = 2
-kv_heads = 1
-head_dim = 16
-state = 4
-dtype = "fp32"
-
-[defaults]
-model = "tiny"
-batch = [{ prefix = 20, new = 4 }]
-replays = 3
-fault = { kind = "delay", us = 500 }
-
-[[scenario]]
-name = "tiny-full-none"
-backend = "full"
-expect = "race"
-
-[[scenario]]
-name = "tiny-full-final_event"
-backend = "full"
-fence = "final_event"
-expect = "clean"
-"""
+TINY = (ROOT / "tests" / "data" / "tiny.toml").read_text()
 
 
 @pytest.fixture

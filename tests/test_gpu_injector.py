@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 
 from harness.loadback import plan_copies
@@ -67,17 +65,8 @@ def test_chunked_staleness_is_whole_chunks_late_in_copy_order(cuda):
                 assert flags == sorted(flags), (layer, flags)  # once late, later chunks are late too
 
 
-def test_a_gate_never_opened_times_out_as_an_error_and_the_device_still_works(cuda, tmp_path, monkeypatch):
-    (tmp_path / "stuck_gate_gpu.py").write_text(textwrap.dedent("""
-        def schedule(op):
-            op.wait_start()
-            op.gate.hold()  # behind the harness's back: nothing will open it
-            for layer in range(op.num_layers):
-                op.copy_layer(layer)
-                op.events.complete(layer)
-    """))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    s = FAULTS["gate-full-final_event"].with_overrides(schedule="stuck_gate_gpu:schedule")
+def test_a_gate_never_opened_times_out_as_an_error_and_the_device_still_works(cuda, stuck_gate):
+    s = FAULTS["gate-full-final_event"].with_overrides(schedule=stuck_gate)
     r = run_scenario(s, cuda, replays=3, timeout_s=2.0)
     assert r.error is not None and r.error.startswith("gate-timeout in replay"), r.error
     after = run_scenario(FAULTS["gate-full-final_event"], cuda, replays=5)

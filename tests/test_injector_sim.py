@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import textwrap
-
-import pytest
 
 from harness.analysis import RaceKind
 from harness.cli import main
@@ -99,21 +96,6 @@ def test_gate_makes_every_unfenced_replay_stale_in_every_layer():
     fenced = run_scenario(scenario(fence="final_event", fault=Fault(FaultKind.GATE), expect=Expect.CLEAN),
                           SimDevice(), replays=5)
     assert fenced.error is None and fenced.tally.stale_replays == 0
-
-
-@pytest.fixture
-def stuck_gate(tmp_path, monkeypatch) -> str:
-    """A schedule that holds the gate behind the harness's back, so nothing releases it."""
-    (tmp_path / "stuck_gate.py").write_text(textwrap.dedent("""
-        def schedule(op):
-            op.wait_start()
-            op.gate.hold()  # not op.hold(): the harness does not know to open it
-            for layer in range(op.num_layers):
-                op.copy_layer(layer)
-                op.events.complete(layer)
-    """))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return "stuck_gate:schedule"
 
 
 def test_a_gate_never_opened_ends_as_a_gate_timeout_error_not_a_hang(stuck_gate):

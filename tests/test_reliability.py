@@ -186,20 +186,8 @@ def test_a_bad_file_in_a_fresh_interpreter_is_the_same_one_line(tmp_path):
 
 # ---------------------------------------------------------------- hangs
 
-STUCK_GATE = """
-def schedule(op):
-    op.wait_start()
-    op.gate.hold()  # not op.hold(): the harness does not know to open it
-    for layer in range(op.num_layers):
-        op.copy_layer(layer)
-        op.events.complete(layer)
-"""
-
-
-def test_a_stuck_gate_is_that_scenarios_error_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
-    (tmp_path / "reliability_stuck_gate.py").write_text(STUCK_GATE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    stuck = 'fence = "none"\nschedule = "reliability_stuck_gate:schedule"\nexpect = "race"'
+def test_a_stuck_gate_is_that_scenarios_error_and_the_run_goes_on(tmp_path, stuck_gate, capsys):
+    stuck = f'fence = "none"\nschedule = "{stuck_gate}"\nexpect = "race"'
     path = scenario_file(tmp_path, "stuck", "normal", extra={"stuck": stuck})
     out = tmp_path / "out"
     assert main(["run", str(path), "--device", "sim", "--out", str(out), "--timeout", "2"]) == 1

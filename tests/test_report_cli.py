@@ -16,7 +16,7 @@ from harness.errors import HarnessError
 from harness.report.cli import add_commands, append_step_summary, write_all
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLE = ROOT / "reports" / "samples" / "results-h200.json"
+SAMPLE = ROOT / "tests" / "data" / "report" / "results-h200-core.json"
 FULL = ROOT / "tests" / "data" / "report" / "results-full.json"
 
 

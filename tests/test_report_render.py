@@ -19,7 +19,7 @@ from harness.report.summary import render_summary, write_summary
 from harness.report.timeline import chrome_trace, stale_marks, write_chrome_trace
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLE = load(ROOT / "reports" / "samples" / "results-h200.json")
+SAMPLE = load(ROOT / "tests" / "data" / "report" / "results-h200-core.json")
 FULL = load(ROOT / "tests" / "data" / "report" / "results-full.json")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -221,3 +221,10 @@ def test_only_reads_that_beat_their_copy_are_marked_stale():
     timeline = {"clock": "virtual", "stale_layers": [0], "spans": [
         dict(zip(("stream", "name", "kind", "start_us", "end_us"), s)) for s in spans]}
     assert stale_marks(timeline) == [True, False, True, False, False, False]
+
+
+def test_the_committed_gpu_samples_validate_and_render():
+    """reports/samples/*: real GPU runs (default set, kill matrix, benchmark) still read and render."""
+    for name in ("default-h200", "mutants-h200", "bench-h200"):
+        doc = load(ROOT / "reports" / "samples" / name / "results.json")  # load validates
+        assert _images(render_html(doc)), name

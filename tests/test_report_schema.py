@@ -14,36 +14,10 @@ from harness.errors import InputError
 from harness.report.schema import ReportInputError, load, validate
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLE = ROOT / "reports" / "samples" / "results-h200.json"
+SAMPLE = ROOT / "tests" / "data" / "report" / "results-h200-core.json"
 FULL = ROOT / "tests" / "data" / "report" / "results-full.json"
 
-TINY = """
-[models.tiny]
-layers = "AM"
-hidden = 32
-heads = 2
-kv_heads = 1
-head_dim = 16
-state = 4
-dtype = "fp32"
-
-[defaults]
-model = "tiny"
-batch = [{ prefix = 20, new = 4 }]
-replays = 2
-fault = { kind = "delay", us = 500 }
-
-[[scenario]]
-name = "tiny-full-none"
-backend = "full"
-expect = "race"
-
-[[scenario]]
-name = "tiny-full-final_event"
-backend = "full"
-fence = "final_event"
-expect = "clean"
-"""
+TINY = (ROOT / "tests" / "data" / "tiny.toml").read_text()  # the CLI tests' scenarios
 
 
 def test_a_document_the_harness_builds_survives_json_and_validates(tmp_path):

@@ -11,6 +11,7 @@ import ctypes
 import statistics
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -170,8 +171,10 @@ class CudaDevice(Device):
         self.index = index
         self.torch_device = torch.device("cuda", index)
         torch.cuda.set_device(self.torch_device)
-        self._streams: dict[int, CudaStream] = {}
-        self._owned: list[CudaStream] = []  # streams work is enqueued on (not capture streams)
+        # Weak: a scenario's streams go with its bench, so a long run (a soak, many scenarios)
+        # does not make every synchronize poll the streams of all scenarios before it.
+        self._streams: weakref.WeakValueDictionary[int, CudaStream] = weakref.WeakValueDictionary()
+        self._owned: weakref.WeakSet[CudaStream] = weakref.WeakSet()  # streams work is enqueued on
         self.cycles_per_us = self._calibrate_sleep()
         # Timeline markers are timed against this one event (device time, any stream).
         self._epoch = torch.cuda.Event(enable_timing=True)
@@ -190,7 +193,7 @@ class CudaDevice(Device):
 
     def Stream(self, name: str) -> CudaStream:  # noqa: N802
         s = self._wrap(torch.cuda.Stream(self.torch_device), name)
-        self._owned.append(s)
+        self._owned.add(s)
         return s
 
     def Event(self, *, external: bool = False) -> CudaEvent:  # noqa: N802

@@ -18,6 +18,7 @@ under CUDA (`cudaErrorStreamCaptureInvalidated`).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
@@ -181,7 +182,8 @@ class SimDevice(Device):
         self.costs = costs or SimCosts()
         self.host_clock = 0.0
         self.clocks = StreamClocks()
-        self._streams: list[SimStream] = []
+        # Weak: a scenario's streams go with its bench (see CudaDevice), so a long run stays fast.
+        self._streams: weakref.WeakSet[SimStream] = weakref.WeakSet()
         self._pending: list[_Pending] = []
         self._replaying = False  # re-running a graph's Python: only graph-node waits count
         self._gates: list[SimGate] = []  # gates holding a stream now
@@ -192,7 +194,7 @@ class SimDevice(Device):
     # ---- device_module surface -------------------------------------------
     def Stream(self, name: str) -> SimStream:  # noqa: N802
         s = SimStream(self, name)
-        self._streams.append(s)
+        self._streams.add(s)
         self._name_stream(s)
         return s
 
@@ -377,6 +379,7 @@ class SimDevice(Device):
         self._advance_host(max(s.clock for s in self._streams))
         self._land(lambda p: True)
         self.clocks.host_sync()
+        self.clocks.forget({st.id for st in self._streams})
         self._note(HostSync())
 
     def empty_host(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:

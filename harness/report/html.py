@@ -23,6 +23,8 @@ body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 76em;
 h1 { font-size: 1.5em; margin-bottom: 0.2em; }
 h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; }
 table { border-collapse: collapse; margin: 0.5em 0; }
+/* A wide table scrolls inside the page instead of running off its right edge. */
+table.scenarios { display: block; overflow-x: auto; max-width: 100%; }
 td, th { border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: left; }
 th { background: #f3f3f3; }
 table.scenarios td { white-space: nowrap; }
@@ -93,7 +95,7 @@ def _scenarios(doc: dict) -> str:
     for s in doc["scenarios"]:
         d = s.get("definition") or {}
         hazard = s.get("hazard") or d.get("hazard") or ""
-        fault = s.get("fault_mode") or (d.get("fault") or {}).get("kind", "")
+        fault = s.get("fault_mode") or s.get("fault_text") or (d.get("fault") or {}).get("kind", "")
         rows.append([s["name"], variant_label(s), hazard, fault, s["expect"], observed_text(s), stale_text(s),
                      _layers(s["stale_layers"]), len(s["findings"]), f"{s['timings']['replays_per_s']:.0f}"])
         classes.append("ok" if s["met"] else "fail")
@@ -131,6 +133,11 @@ def _plots(doc: dict) -> str:
     return "\n".join(sections)
 
 
+def _scenarios_section(doc: dict) -> str:
+    """The scenario table, left out of documents with none (a benchmark's)."""
+    return f"<h2>Scenarios</h2>\n{_scenarios(doc)}" if doc["scenarios"] else ""
+
+
 def render_html(doc: dict) -> str:
     title = f"fence-harness report {doc.get('run_id') or ''}".strip()
     return f"""<!DOCTYPE html>
@@ -147,8 +154,7 @@ def render_html(doc: dict) -> str:
 <p class="headline">{escape(headline(doc))}</p>
 <h2>Environment</h2>
 {_environment(doc)}
-<h2>Scenarios</h2>
-{_scenarios(doc)}
+{_scenarios_section(doc)}
 {_plots(doc)}
 <script>{SCRIPT}</script>
 </body>

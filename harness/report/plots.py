@@ -111,37 +111,38 @@ def _rgb(colour: str) -> tuple[float, float, float]:
 
 
 def fence_cost_png(bench: dict | None) -> bytes | None:
-    """Median time over the bound per strategy, one group of bars per bench point."""
+    """Median time over the bound, one line per strategy across the sweep, a panel per model kind."""
     if not bench or not bench.get("points"):
         return None
     points = bench["points"]
-    groups = list(dict.fromkeys((p["model"], p["layers"], p["prefix"]) for p in points))
+    kinds = list(dict.fromkeys(p["model"] for p in points))
     strategies = list(dict.fromkeys(p["strategy"] for p in points))
-    by_key = {(p["model"], p["layers"], p["prefix"], p["strategy"]): p for p in points}
-    fig = Figure(figsize=(max(6.0, 1.0 + 0.9 * len(groups) * len(strategies) / 2), 3.6), dpi=100,
-                 layout="constrained")
-    ax = fig.add_subplot()
-    width = 0.8 / len(strategies)
-    for j, strategy in enumerate(strategies):
-        xs, ys, lo, hi = [], [], [], []
-        for i, g in enumerate(groups):
-            p = by_key.get((*g, strategy))
-            if p is None:
-                continue
-            ratio = p["ratio_to_bound"]
-            # The p10-p90 spread, scaled from milliseconds onto the ratio axis.
-            scale = ratio / p["median_ms"] if p["median_ms"] else 0.0
-            xs.append(i + (j - (len(strategies) - 1) / 2) * width)
-            ys.append(ratio)
-            lo.append(max(0.0, ratio - p["p10_ms"] * scale))
-            hi.append(max(0.0, p["p90_ms"] * scale - ratio))
-        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=strategy)
-    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-    ax.set_xticks(range(len(groups)), [f"{m}\nL{n} P{pre}" for m, n, pre in groups], fontsize=8)
-    ax.set_ylabel("median / bound")
-    ax.set_title("Fence cost: median time over max(load, compute)")
-    ax.legend(fontsize="small")
-    ax.grid(axis="y", alpha=0.3)
+    fig = Figure(figsize=(10.0, 3.4 * len(kinds)), dpi=100, layout="constrained")
+    axes = fig.subplots(len(kinds), 1, squeeze=False)[:, 0]
+    for ax, kind in zip(axes, kinds):
+        mine = [p for p in points if p["model"] == kind]
+        shapes = list(dict.fromkeys((p["layers"], p["prefix"]) for p in mine))
+        by_key = {(p["layers"], p["prefix"], p["strategy"]): p for p in mine}
+        for strategy in strategies:
+            xs, ys, lo, hi = [], [], [], []
+            for i, shape in enumerate(shapes):
+                p = by_key.get((*shape, strategy))
+                if p is None:
+                    continue
+                ratio = p["ratio_to_bound"]
+                # The p10-p90 spread, scaled from milliseconds onto the ratio axis.
+                scale = ratio / p["median_ms"] if p["median_ms"] else 0.0
+                xs.append(i)
+                ys.append(ratio)
+                lo.append(max(0.0, ratio - p["p10_ms"] * scale))
+                hi.append(max(0.0, p["p90_ms"] * scale - ratio))
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=strategy)
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xticks(range(len(shapes)), [f"{n} layers\n{pre} tokens" for n, pre in shapes], fontsize=8)
+        ax.set_ylabel("median / max(load, compute)")
+        ax.set_title(f"{kind}: end-to-end load-back + prefill over the bound (p10-p90 bars)")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize="small", ncols=len(strategies))
     return _png(fig)
 
 

@@ -16,13 +16,24 @@ A document is one JSON object::
                     (empty when the fault was not a sweep)
         hazard      "raw" | "waw" | "war"
         fault_mode  how the fault was built, e.g. "gate (cuStreamWaitValue32)", or null
+        fault_text  the fault in words, e.g. "delay 1000us each"
         timeline    {clock: "virtual" | "device", stale_layers: [int],
                      spans: [{stream, name, kind, start_us, end_us, layer?}]}: one traced
                     replay, or null; span kinds: copy record wait replay delay gate access sync
     mutants         (optional) {matrix: [{name, role: "mutant" | "correct", variant, outcome:
                     "killed" | "survived" | "clean" | "flagged" | "error", stale_rate, findings}]}
-    bench           (optional) {points: [{model, layers, prefix, strategy, median_ms, p10_ms,
-                                          p90_ms, ratio_to_bound, load_ms, compute_ms}]}
+    bench           (optional) {clock, points: [{model, layers, prefix, new, strategy, median_ms,
+                                p10_ms, p90_ms, repeats, ratio_to_bound, load_ms, compute_ms,
+                                forward_start_ms}]}: `fence-harness bench`
+    strategies      (optional) {cells: [{scenario, strategy, stale_replays, replays, findings,
+                                error, ok}]}: `fence-harness fences`
+    soak            (optional) the counts of a `fence-harness soak` (see the README)
+    partial, interrupted, not_run
+                    (optional) a run cut short: true; "SIGINT" | "SIGTERM" | "device-lost";
+                    the names of the scenarios that did not finish
+    each scenario may also carry worker and gpu_uuid (pytest plugin runs, merged over workers),
+    finding_kinds {kind: count}, stale_pools, final_state_stale_replays, output_only_replays,
+    mean_stale_slot_fraction.
 
 `SCHEMA` below is the same thing as data. Keys not listed are allowed (newer writers may add
 some), listed keys must have the listed type; a key ending in "?" may be absent, and the
@@ -88,6 +99,7 @@ SCENARIO = {
     "sweep?": [{"us": NUMBER, "replays": INT, "stale_replays": INT, "stale_rate": NUMBER}],
     "hazard?": OneOf("raw", "waw", "war"),
     "fault_mode?": Nullable(STR),
+    "fault_text?": STR,
     "timeline?": Nullable({
         "clock": OneOf("virtual", "device"),
         "spans": [{"stream": STR, "name": STR, "kind": SPAN_KINDS, "start_us": NUMBER,
