@@ -1,4 +1,5 @@
 # make test      CPU suite (creates .venv on first use; torch pinned to the CPU build 2.13.0)
+# make test-engine  the engine adapter's tests, against an installed sglang 0.5.23 (own venv)
 # make run       the default scenario set: on the GPU when torch sees one, else on the CPU simulator
 # make gpu-test  GPU tests + every default scenario as a test item + the mutant kill matrix, on a
 #                runner that already has torch (no install step)
@@ -11,7 +12,7 @@ REPORTS   ?= reports
 PYTHON    ?= python3
 HAS_TORCH := $(shell $(PYTHON) -c 'import torch' >/dev/null 2>&1 && echo yes)
 
-.PHONY: test run gpu-test bench clean
+.PHONY: test test-engine run gpu-test bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -22,6 +23,22 @@ $(VENV)/.installed: pyproject.toml
 
 test: $(VENV)/.installed
 	$(VPY) -m pytest -q -m "not gpu" -n 2
+
+# The engine adapter's tests, in their own venv: sglang 0.5.23 pins torch 2.14.1, not the CPU
+# path's 2.13.0, so `make test` stays light. sglang itself goes in with --no-deps (see pyproject).
+ENGINE_VENV ?= .venv-engine
+EPY         := $(ENGINE_VENV)/bin/python
+
+$(ENGINE_VENV)/.installed: pyproject.toml
+	python3 -m venv $(ENGINE_VENV)
+	$(EPY) -m pip install -q --upgrade pip
+	$(EPY) -m pip install -q torch==2.14.1 torchvision==0.29.1
+	$(EPY) -m pip install -q -e '.[dev,sglang]'
+	$(EPY) -m pip install -q --no-deps sglang==0.5.23
+	touch $@
+
+test-engine: $(ENGINE_VENV)/.installed
+	$(EPY) -m pytest -q -m "not gpu" -p no:cacheprovider tests/test_engine_sglang.py
 
 ifeq ($(HAS_TORCH),yes)
 run:
@@ -61,4 +78,4 @@ bench: $(VENV)/.installed
 endif
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(ENGINE_VENV) build *.egg-info .pytest_cache

@@ -22,6 +22,7 @@ import torch
 
 from harness.console import RunConsole, plain_line
 from harness.devices import DEVICE_NAMES, open_device
+from harness.engines import ENGINES
 from harness.errors import HarnessError, InputError
 from harness.fence_commands import HANDLERS as FENCE_HANDLERS
 from harness.fence_commands import add_commands as add_fence_commands
@@ -59,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
         for kind in Kind:
             sp.add_argument(f"--{kind.value}", metavar="NAME", dest=kind.value,
                             help=f"{kind.value} for every scenario: a built-in name or package.module:callable")
+        sp.add_argument("--engine", choices=ENGINES,
+                        help="run on an installed engine's own load-back counter (fences engine / engine_reverted)")
 
     mutants = sub.add_parser("mutants", help="run the mutant kill matrix (default: scenarios/mutants/*.toml)")
     mutants.add_argument("files", nargs="*", type=Path, help="kill-matrix scenario files")
@@ -95,6 +98,11 @@ def _load(files: list[Path], args: argparse.Namespace, default: list[Path] | Non
         if name is not None:
             resolve(kind, name, f"--{kind.value}", kind.value)  # one-line error, exit 2
             overrides[kind.value] = name
+    if getattr(args, "engine", None):
+        from harness.engines.sglang import load
+
+        load("--engine", "engine")  # one-line error, exit 2, when it is not usable here
+        overrides["engine"] = args.engine
     return [s.with_overrides(**overrides) for s in scenarios] if overrides else scenarios
 
 

@@ -158,6 +158,8 @@ def previous_op_fence(ctx: FenceContext) -> None:
 # Correct strategies first; a class is instantiated per scenario and set up.
 STRATEGIES = ("final_event", "layerwise_graph", "host_sync", "eager_fallback")
 
+from harness.engines.sglang import engine_fence, engine_reverted_fence  # noqa: E402 - imports no engine
+
 FENCES: dict[str, FenceFn | type] = {
     "none": no_fence,
     "final_event": final_event_fence,
@@ -167,4 +169,8 @@ FENCES: dict[str, FenceFn | type] = {
     "first_event": first_event_fence,
     "wrong_stream": wrong_stream_fence,
     "previous_op": previous_op_fence,
+    # The engine's own fence and its reverted twin; they need `engine = "sglang"`.
+    "engine": engine_fence,
+    "engine_reverted": engine_reverted_fence,
 }
+ENGINE_FENCES = ("engine", "engine_reverted")

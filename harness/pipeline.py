@@ -92,7 +92,12 @@ class Bench:
         pool = HybridPool(KVPool(dev, layout), MambaPool(dev, layout))
         host = HostPool(dev, layout, scenario.seed)
         model = HybridModel(dev, layout, pool, scenario.seed)
-        counter = LayerDoneCounter(dev, layout.shape.num_layers)
+        if scenario.engine == "sglang":
+            from harness.engines.sglang import load
+
+            counter = load(scenario.source).counter(dev, layout.shape.num_layers)
+        else:
+            counter = LayerDoneCounter(dev, layout.shape.num_layers)
         return cls(scenario, dev, layout, pool, host, model, counter)
 
     # ---- the pieces of one replay ---------------------------------------------

@@ -62,6 +62,7 @@ def scenario_entry(r: ScenarioResult) -> dict:
         "findings": [f.describe() for f in r.findings],
         "finding_kinds": dict(sorted(Counter(f.kind.value for f in r.findings).items())),
         "hazard": r.scenario.hazard.value,
+        "engine": _engine(r.scenario.engine),
         "fault_mode": r.fault_mode,
         "fault_text": r.scenario.fault.describe(),
         "sweep": [
@@ -80,6 +81,15 @@ def scenario_entry(r: ScenarioResult) -> dict:
             "replays_per_s": round(r.replays_per_s, 1),
         },
     }
+
+
+def _engine(name: str | None) -> dict | None:
+    """The engine a scenario ran on, and its version (loaded by then)."""
+    if name is None:
+        return None
+    from harness.engines.sglang import load
+
+    return {"name": name, "version": load().version}
 
 
 def git_commit() -> str | None:

@@ -170,6 +170,7 @@ class Scenario:
     accessor: str = "per_layer"  # the pool accessors' wait policy (name or plugin)
     schedule: str = "layerwise"  # the load-back schedule (name or plugin)
     hazard: Hazard = Hazard.RAW
+    engine: str | None = None  # "sglang": the engine's own counter (and fences "engine*")
     fault: Fault = field(default_factory=Fault)
     replays: int = 100
     seed: int = 0
@@ -184,6 +185,7 @@ class Scenario:
                 ("accessor", self.accessor, "per_layer"),
                 ("schedule", self.schedule, "layerwise"),
                 ("hazard", self.hazard.value, "raw"),
+                ("engine", self.engine, None),
             )
             if value != default
         )

@@ -432,6 +432,20 @@ def _fault(value: Any, key: str) -> Fault:
     return Fault(kind, **values)
 
 
+def _engine(value: Any, key: str) -> str:
+    from harness.engines import ENGINES
+    from harness.engines.sglang import load
+
+    _string(value, key, f"an engine name, one of: {', '.join(ENGINES)}")
+    if value not in ENGINES:
+        raise _Invalid(key, f"unknown engine {value!r}; valid: {', '.join(ENGINES)}")
+    try:
+        load()  # the engine must be importable and have every name the adapter uses
+    except InputError as e:
+        raise _Invalid(key, e.message) from None
+    return value
+
+
 def _plugin(kind: Kind) -> Parser:
     def parse(value: Any, key: str) -> str:
         _string(value, key, f"a {kind.value} name or 'package.module:callable'")
@@ -475,6 +489,7 @@ _SCENARIO_FIELDS: dict[str, Parser] = {
     "accessor": _plugin(Kind.ACCESSOR),
     "schedule": _plugin(Kind.SCHEDULE),
     "hazard": _enum(Hazard),
+    "engine": lambda value, key: _engine(value, key),
     "fault": _fault,
     "expect": _enum(Expect),
     "replays": _integer(1, MAX_REPLAYS),
@@ -546,6 +561,13 @@ def _scenario(
     for key, hint in _REQUIRED_HINTS.items():
         _require(values, key, prefix, hint)
     _check_pools(values["model"], values["batch"], prefix)
+    from harness.fences import ENGINE_FENCES
+
+    if values.get("fence") in ENGINE_FENCES and values.get("engine") is None:
+        raise _Invalid(
+            f"{prefix}.fence",
+            f"fence {values['fence']!r} is the engine's own: it needs engine = \"sglang\"",
+        )
     if values.get("hazard") is Hazard.WAW and not values["model"].mamba_layers:
         raise _Invalid(
             f"{prefix}.hazard",

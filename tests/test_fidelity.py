@@ -25,7 +25,8 @@ ENTRIES = VERDICTS["scenarios"]
 
 
 def _definition(d: dict) -> dict:
-    return {k: v for k, v in d.items() if k != "source"}
+    # Unset optional fields (null) compare equal to fields an older record does not have.
+    return {k: v for k, v in d.items() if k != "source" and v is not None}
 
 
 def test_the_verdicts_come_from_a_gpu_and_cover_every_shared_scenario():
