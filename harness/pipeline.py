@@ -266,7 +266,7 @@ class _Replayer:
         dev.synchronize(self.timeout_s)  # the one host sync of a replay
         if self.gate is not None and self.gate.timed_out:
             raise GateTimeout(
-                f"gate-timeout in replay {i}: the load stream's gate was never opened; "
+                f"gate-timeout in replay {i}: a gate was never opened; "
                 f"its watchdog opened it after {self.gate.timeout_s:g}s"
             )
         b.counter.set_consumer(-1)  # the host saw the final event: the load's slots are released
