@@ -107,3 +107,14 @@ def test_a_missing_engine_name_is_a_one_line_error_naming_it_and_the_version(tmp
         assert f"{path}: defaults.engine: sglang 0.5.23 has no cache_controller.NoSuchThing" in err
     finally:
         adapter.load.cache_clear()
+
+
+def test_an_engine_assertion_is_that_scenarios_error(monkeypatch):
+    eng = adapter.load()
+
+    def reused(self):
+        raise AssertionError("Producer finish event should be ready before being reused.")
+
+    monkeypatch.setattr(eng.controller.LayerDoneCounter, "update_producer", reused)
+    r = run_scenario(SCENARIOS[0], SimDevice(), replays=2)
+    assert r.error == "sglang assertion failed: Producer finish event should be ready before being reused."
