@@ -414,6 +414,39 @@ def harness_ground_truth(harness_device):
     return build
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """torch (and, with CUDA, the GPU, CUDA and driver) as properties of the JUnit test suite.
+
+    Only for a `--junitxml` run that has scenario items or `gpu` tests, so a session
+    that does not use the harness never imports torch here. Scenario items are not
+    functions (no fixtures), so this writes through pytest's own JUnit writer, as its
+    `record_testsuite_property` does. xdist workers cannot add suite properties; their
+    items carry the same as test properties.
+    """
+    from _pytest.junitxml import xml_key  # pytest's JUnit writer (record_testsuite_property's)
+
+    config = session.config
+    xml = config.stash.get(xml_key, None)
+    if xml is None or getattr(config, "workerinput", None) is not None:
+        return
+    if not any(isinstance(i, ScenarioItem) or i.get_closest_marker("gpu") for i in session.items):
+        return
+    import torch
+
+    xml.add_global_property("torch", torch.__version__)
+    if torch.cuda.is_available():
+        xml.add_global_property("gpu", torch.cuda.get_device_name())
+        xml.add_global_property("cuda", torch.version.cuda or "")
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            xml.add_global_property("driver", pynvml.nvmlSystemGetDriverVersion())
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001 - the driver version is optional information
+            pass
+
+
 # ---------------------------------------------------------------- reports
 
 

@@ -123,6 +123,9 @@ def test_replays_override_and_junit_properties(pytester, tiny):
         "clean", "0.0000", "-", "0")
     doc = json.loads((pytester.path / "out" / "results.json").read_text())
     assert [e["replays"] for e in doc["scenarios"]] == [3, 3]
+    suite = {p.get("name"): p.get("value")
+             for p in ET.parse(pytester.path / "junit.xml").find(".//testsuite/properties")}
+    assert suite["torch"] == __import__("torch").__version__  # for every test of the run
 
 
 def test_no_scenarios_no_items_and_no_report(pytester):
