@@ -159,8 +159,7 @@ class _Arms:
             else:
                 _, runner, fence = self.arms[arm]
                 op = b.start_load(FaultPlan(Fault()))
-                ctx = FenceContext(dev, b.forward, b.load, b.counter, op.events, runner, 0,
-                                   lambda e: e.synchronize())
+                ctx = FenceContext(dev, b.forward, b.load, b.counter, op.events, runner)
                 chosen = fence(ctx) or runner
                 launch = dev.mark(b.forward, end=False)  # where the forward could start
                 chosen.run()

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
+from harness.cli_args import device_arguments, positive_int
 from harness.console import RunConsole, plain_line
-from harness.devices import DEVICE_NAMES, open_device
+from harness.devices import open_device
 from harness.engines import ENGINES
 from harness.errors import HarnessError, InputError
 from harness.fence_commands import HANDLERS as FENCE_HANDLERS
@@ -35,28 +36,13 @@ from harness.scenario import Scenario
 from harness.trace import describe
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fence-harness", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--device", default="auto", choices=DEVICE_NAMES,
-                        help="cuda, sim (CPU simulator) or auto (cuda when present)")
-        sp.add_argument("--replays", type=_positive_int, help="replays per scenario (overrides the files)")
-        sp.add_argument("--timeout", type=float, default=30.0,
-                        help="seconds a replay may take before it is an error (default 30)")
-        sp.add_argument("--sim-cost", dest="sim_costs", action="append", default=[], metavar="KEY=VALUE",
-                        help="simulator cost model setting, e.g. launch_us=5 (repeatable; see SimCosts)")
+        device_arguments(sp)
+        sp.add_argument("--replays", type=positive_int, help="replays per scenario (overrides the files)")
         for kind in Kind:
             sp.add_argument(f"--{kind.value}", metavar="NAME", dest=kind.value,
                             help=f"{kind.value} for every scenario: a built-in name or package.module:callable")

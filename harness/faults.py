@@ -33,7 +33,6 @@ class FaultPlan:
 
     fault: Fault
     replay: int = 0
-    gate: bool = False
 
     def pause_us(self, layer: int, chunk: int = 0) -> float:
         """Microseconds to hold the load stream before copy `chunk` of `layer`."""

@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.devices import DEVICE_NAMES, open_device
+from harness.cli_args import device_arguments, positive_int
+from harness.devices import open_device
 from harness.fences import STRATEGIES
 from harness.pipeline import ScenarioResult, run_scenario
 from harness.scenario import Backend, Expect, Scenario
@@ -120,19 +121,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def add_commands(sub) -> None:
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--device", default="auto", choices=DEVICE_NAMES)
-        sp.add_argument("--timeout", type=float, default=30.0)
-        sp.add_argument("--sim-cost", dest="sim_costs", action="append", default=[], metavar="KEY=VALUE")
-        sp.add_argument("--out", type=Path, default=Path("reports"))
+        device_arguments(sp)
+        sp.add_argument("--out", type=Path, default=Path("reports"), help="where results.json goes")
 
     f = sub.add_parser("fences", help="every fence strategy against every full-graph race scenario")
-    f.add_argument("--replays", type=int, default=None, help="replays per cell (default: the scenario's)")
+    f.add_argument("--replays", type=positive_int, default=None, help="replays per cell (default: the scenario's)")
     common(f)
     b = sub.add_parser("bench", help="end-to-end cost of each fence strategy against max(load, compute)")
     b.add_argument("--points", choices=("sweep", "default"), default="sweep",
                    help="the whole sweep, or the default point only (8 attention layers, 2,048 tokens)")
-    b.add_argument("--repeats", type=int, default=100)
-    b.add_argument("--warmup", type=int, default=10)
+    b.add_argument("--repeats", type=positive_int, default=100, help="timed rounds per arm (default 100)")
+    b.add_argument("--warmup", type=positive_int, default=10, help="untimed rounds first (default 10)")
     common(b)
 
 

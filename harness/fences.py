@@ -24,6 +24,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from harness.devices.base import Device, Event, Stream
+from harness.engines.sglang import (  # imports no engine until called
+    engine_fence,
+    engine_reverted_fence,
+)
 from harness.loadback import RING, LayerDoneCounter, LayerLoadingEvent
 
 if TYPE_CHECKING:
@@ -102,10 +106,6 @@ class LayerwiseGraphFence:
 
     def setup(self, s: FenceSetup) -> None:
         self.events = [s.dev.Event(external=True) for _ in range(s.counter.num_layers)]
-        for event in self.events:
-            # CUDA creates an event at its first record, and torch enqueues no wait on an
-            # event never created: without this, capture would record no wait node at all.
-            event.record()
         for op in s.counter.events:
             op.mirror = self.events
         s.pool.set_graph_events(self.events)
@@ -157,8 +157,6 @@ def previous_op_fence(ctx: FenceContext) -> None:
 
 # Correct strategies first; a class is instantiated per scenario and set up.
 STRATEGIES = ("final_event", "layerwise_graph", "host_sync", "eager_fallback")
-
-from harness.engines.sglang import engine_fence, engine_reverted_fence  # noqa: E402 - imports no engine
 
 FENCES: dict[str, FenceFn | type] = {
     "none": no_fence,

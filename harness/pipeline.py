@@ -228,41 +228,31 @@ class _Replayer:
             raise ReplayTimeout(f"a fence's host wait did not finish within {self.timeout_s:g}s")
 
     def __call__(self, i: int, fault: Fault) -> torch.Tensor:
-        b, dev = self.b, self.b.dev
-        plan = FaultPlan(fault, i, gate=self.gate is not None)
-        # The gate holds the writer that must come first for a race to show: the load
-        # stream (read- and write-after-write), or, for write-after-read, the replay
-        # itself, so that the next batch's load could land before it reads.
-        hold_replay = self.gate if b.next_copies is not None else None
+        b, dev, gate = self.b, self.b.dev, self.gate
+        plan = FaultPlan(fault, i)
+        # The gate holds what must come second for a race to show: the load stream (read-
+        # and write-after-write), or, for write-after-read, the replay itself, so that the
+        # next batch's load can land before it reads.
+        war = b.next_copies is not None
         with dev.stream(b.forward):
             b.poison()
-            op = b.start_load(plan, None if hold_replay else self.gate)
+            op = b.start_load(plan, None if war else gate)
             runner = b.fence(FenceContext(dev, b.forward, b.load, b.counter, op.events, self.runner, i,
                                           self._host_wait)) or self.runner
-            if hold_replay:
-                hold_replay.hold()
+            if war and gate is not None:
+                gate.hold()
             runner.run()
-            if op.held:
+            if gate is not None:
                 b.ran.record()
-            if hold_replay:
-                b.observe(op)
-                nxt = b.start_next_load(plan)
-        if op.held:
-            # Open the gate once the replay has run, so every read it made came first;
-            # a fence that waits on the gated load keeps it from running: then after hold_us.
-            dev.host_wait(b.ran, self.hold_s)
-            self.gate.release()
-        if hold_replay:
-            # Open it once the next batch's load has landed, or after hold_us when that
-            # load is (rightly) ordered after the held replay.
-            dev.host_wait(nxt.events.finish_event, self.hold_s)
-            hold_replay.release()
-        with dev.stream(b.forward):
-            if not hold_replay:
-                b.observe(op)
-                if b.next_copies is not None:
-                    b.start_next_load(plan)
+            b.observe(op)
+            # Open the gate when the replay has run (or the next batch's load has landed):
+            # then every read it made came first. A correct fence keeps that from happening:
+            # then after hold_us.
+            opened_by = b.start_next_load(plan).events.finish_event if war else b.ran
             self.mask.copy_(self.oracle.stale_mask(b.model.probes.arena), non_blocking=True)
+        if gate is not None and (war or op.held):  # held where the harness knows: it opens it
+            dev.host_wait(opened_by, self.hold_s)
+            gate.release()
         dev.synchronize(self.timeout_s)  # the one host sync of a replay
         if self.gate is not None and self.gate.timed_out:
             raise GateTimeout(

@@ -423,7 +423,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     `record_testsuite_property` does. xdist workers cannot add suite properties; their
     items carry the same as test properties.
     """
-    from _pytest.junitxml import xml_key  # pytest's JUnit writer (record_testsuite_property's)
+    from _pytest.junitxml import (
+        xml_key,  # pytest's JUnit writer (record_testsuite_property's)
+    )
 
     config = session.config
     xml = config.stash.get(xml_key, None)

@@ -25,9 +25,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.cli import DeviceLost, _positive_int, interrupt_signal, run_one
+from harness.cli import DeviceLost, interrupt_signal, run_one
+from harness.cli_args import device_arguments, positive_float, positive_int
 from harness.console import plain_line
-from harness.devices import DEVICE_NAMES, open_device
+from harness.devices import open_device
 from harness.pipeline import ScenarioResult
 from harness.scenario import (
     Backend,
@@ -167,30 +168,15 @@ class Soak:
         )
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value:g}")
-    return value
-
-
 def add_command(subparsers) -> None:
     p = subparsers.add_parser("soak", help="random correct scenarios for a while; exit 1 on a false positive")
-    p.add_argument("--minutes", type=_positive_float, default=1.0, help="how long to draw scenarios (default 1)")
-    p.add_argument("--device", default="auto", choices=DEVICE_NAMES,
-                   help="cuda, sim (CPU simulator) or auto (cuda when present)")
+    p.add_argument("--minutes", type=positive_float, default=1.0, help="how long to draw scenarios (default 1)")
+    device_arguments(p)
     p.add_argument("--seed", type=int, help="repeat a soak's draws (default: a fresh seed, printed)")
     p.add_argument("--out", type=Path, default=Path("reports/soak"), help="where results.json goes")
-    p.add_argument("--replays", type=_positive_int, default=4, help="replays per scenario (default 4)")
-    p.add_argument("--twin-every", type=_positive_int, default=4,
+    p.add_argument("--replays", type=positive_int, default=4, help="replays per scenario (default 4)")
+    p.add_argument("--twin-every", type=positive_int, default=4,
                    help="run the unfenced twin of every Nth draw (default 4)")
-    p.add_argument("--timeout", type=float, default=30.0,
-                   help="seconds a replay may take before it is an error (default 30)")
-    p.add_argument("--sim-cost", dest="sim_costs", action="append", default=[], metavar="KEY=VALUE",
-                   help="simulator cost model setting, e.g. launch_us=5 (repeatable; see SimCosts)")
 
 
 def _soak(soak: Soak, args: argparse.Namespace, deadline: float) -> None:

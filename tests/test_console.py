@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 
@@ -12,31 +13,9 @@ from harness.devices import open_device
 from harness.pipeline import ScenarioResult, run_scenario
 from harness.scenario_file import parse_text
 
-TINY = """
-[models.tiny]
-layers = "AA"
-hidden = 64
-heads = 2
-kv_heads = 1
-head_dim = 32
-
-[defaults]
-model = "tiny"
-batch = [{ prefix = 32, new = 8 }]
-replays = 5
-fault = { kind = "delay", us = 200, where = "each" }
-
-[[scenario]]
-name = "tiny-full-none"
-backend = "full"
-expect = "race"
-
-[[scenario]]
-name = "tiny-full-final_event"
-backend = "full"
-fence = "final_event"
-expect = "race"
-"""
+# The plugin tests' scenarios, the fenced one expecting a race: one line of each kind.
+TINY = (Path(__file__).parent / "data" / "tiny_attention.toml").read_text().replace(
+    'fence = "final_event"\nexpect = "clean"', 'fence = "final_event"\nexpect = "race"')
 
 
 @pytest.fixture(scope="module")

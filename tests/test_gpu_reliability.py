@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from harness.pipeline import run_scenario
-from harness.scenario import Backend, Expect, Fault, FaultKind, ModelShape, Request, Scenario
+from harness.scenario import (
+    Backend,
+    Expect,
+    Fault,
+    FaultKind,
+    ModelShape,
+    Request,
+    Scenario,
+)
 from harness.scenario_file import default_files, load_files
 
 pytestmark = pytest.mark.gpu

@@ -22,32 +22,7 @@ pytest_plugins = ["pytester"]
 ROOT = Path(harness.__file__).resolve().parent.parent
 PLUGIN = ("-p", "harness.pytest_plugin")
 
-TINY = """
-[models.tiny]
-layers = "AA"
-hidden = 64
-heads = 2
-kv_heads = 1
-head_dim = 32
-
-[defaults]
-model = "tiny"
-batch = [{ prefix = 32, new = 8 }]
-replays = 5
-fault = { kind = "delay", us = 200, where = "each" }
-
-[[scenario]]
-name = "tiny-full-none"
-backend = "full"
-fence = "none"
-expect = "race"
-
-[[scenario]]
-name = "tiny-full-final_event"
-backend = "full"
-fence = "final_event"
-expect = "clean"
-"""
+TINY = (Path(__file__).parent / "data" / "tiny_attention.toml").read_text()
 
 # The same race, expected clean: the item must fail and say why.
 WRONG = TINY.replace('fence = "none"\nexpect = "race"', 'fence = "none"\nexpect = "clean"').replace(

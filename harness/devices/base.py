@@ -143,15 +143,16 @@ class Device(abc.ABC):
         return self._capture is not None
 
     # ---- timeline of a traced replay ----------------------------------------
-    @contextlib.contextmanager
-    def _timed(self, stream: Stream, name: str, kind: str) -> Iterator[None]:
-        """Time the ops enqueued inside the block on `stream` (only while tracing)."""
+    def _timed(self, stream: Stream | None, kind: str, fmt: str, *args) -> contextlib.AbstractContextManager:
+        """Time the ops enqueued inside the block on `stream` (None: the current one).
+
+        This wraps every copy, wait and replay, so outside a traced replay it is one
+        check and a shared no-op: no stream lookup, no name formatted (`fmt.format(*args)`
+        runs only when traced). Host time in the replay loop shifts the race window.
+        """
         if self._marks is None or self.capturing:
-            yield
-            return
-        begin = self._marker(stream, end=False)
-        yield
-        self._marks.marks.append((stream.id, name, kind, begin, self._marker(stream, end=True)))
+            return _UNTIMED
+        return _TimedSpan(self, stream or self.current_stream(), kind, fmt.format(*args))
 
     def mark(self, stream: Stream, *, end: bool = True):
         """A timing mark on `stream` (device time on CUDA, virtual time on the simulator).
@@ -159,21 +160,14 @@ class Device(abc.ABC):
         `end=False` marks where the next work could start (on the simulator, the host
         may be later than the stream); read it with `marker_us` after a synchronize.
         """
-        return self._marker(stream, end)
-
-    def marker_us(self, marker) -> float | None:
-        return self._marker_us(marker)
-
-    def _marker(self, stream: Stream, end: bool):
-        """Something that says, once the work has run, when the stream got here."""
         return None
 
-    def _marker_us(self, marker) -> float | None:
+    def marker_us(self, marker) -> float | None:
         return None
 
     def timeline(self, trace: Trace) -> list[Span]:
         """The timed spans of a trace, in microseconds from the first; call after a synchronize."""
-        raw = [(sid, name, kind, self._marker_us(b), self._marker_us(e)) for sid, name, kind, b, e in trace.marks]
+        raw = [(sid, name, kind, self.marker_us(b), self.marker_us(e)) for sid, name, kind, b, e in trace.marks]
         raw = [r for r in raw if r[3] is not None and r[4] is not None]
         if not raw:
             return []
@@ -257,6 +251,23 @@ class Device(abc.ABC):
         """Trace a replay of `graph` on the current stream (nothing when not tracing)."""
         if self._trace is not None:
             self._trace.add(Replay(self.current_stream().id, graph.id, tuple(graph.body)))
+
+
+_UNTIMED = contextlib.nullcontext()
+
+
+class _TimedSpan:
+    """One op's span on a stream while tracing: marks before and after, kept in the trace."""
+
+    def __init__(self, dev: Device, stream: Stream, kind: str, name: str):
+        self.dev, self.stream, self.kind, self.name = dev, stream, kind, name
+
+    def __enter__(self) -> None:
+        self.begin = self.dev.mark(self.stream, end=False)
+
+    def __exit__(self, *exc) -> None:
+        end = self.dev.mark(self.stream, end=True)
+        self.dev._marks.marks.append((self.stream.id, self.name, self.kind, self.begin, end))
 
 
 def dtype_of(name: str) -> torch.dtype:

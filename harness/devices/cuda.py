@@ -39,7 +39,7 @@ class CudaStream(Stream):
     def wait_event(self, event: Event) -> None:
         if self._device.recording:
             self._device._note(Wait(self.id, event.id, in_graph=self._device.capturing))
-        with self._device._timed(self, f"wait e{event.id}", "wait"):
+        with self._device._timed(self, "wait", "wait e{}", event.id):
             self.raw.wait_event(event.raw)  # type: ignore[attr-defined]
 
 
@@ -50,6 +50,11 @@ class CudaEvent(Event):
         self.external = external
         # external=True lets a captured graph wait on an event recorded outside it
         self.raw = torch.cuda.Event(external=True) if external else torch.cuda.Event()
+        if external:
+            # CUDA creates an event at its first record, and torch enqueues no wait on an
+            # event not created yet: a graph captured before anything recorded this one
+            # would hold no wait node for it at all. One record here makes it exist.
+            self.raw.record()
 
     def record(self, stream: Stream | None = None) -> None:
         dev = self._device
@@ -78,7 +83,7 @@ class CudaGraph(Graph):
     def replay(self) -> None:
         dev = self._device
         dev._replayed(self)
-        with dev._timed(dev.current_stream(), f"replay graph {self.id}", "replay"):
+        with dev._timed(None, "replay", "replay graph {}", self.id):
             self.raw.replay()
 
 
@@ -134,7 +139,7 @@ class CudaGate(Gate):
             self._target += 1
             if self._device.recording:
                 self._device._note(Hold(stream.id, self.id))
-            with self._device._timed(stream, f"gate {self.id}", "gate"):
+            with self._device._timed(stream, "gate", "gate {}", self.id):
                 (err,) = cu.cuStreamWaitValue32(
                     cu.CUstream(stream.raw.cuda_stream), self._dptr, self._target,
                     cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ,
@@ -209,7 +214,7 @@ class CudaDevice(Device):
     def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region) -> None:
         if self.recording:
             self._note(Copy(self.current_stream().id, region))
-        with self._timed(self.current_stream(), f"H2D {region}", "copy"):
+        with self._timed(None, "copy", "H2D {}", region):
             dst.copy_(src, non_blocking=True)
 
     def delay(self, us: float) -> None:
@@ -217,18 +222,18 @@ class CudaDevice(Device):
             return
         if self.recording:
             self._note(Delay(self.current_stream().id, us))
-        with self._timed(self.current_stream(), f"delay {us:g}us", "delay"):
+        with self._timed(None, "delay", "delay {:g}us", us):
             torch.cuda._sleep(int(us * self.cycles_per_us))
 
     def gate(self, timeout_s: float) -> CudaGate:
         return CudaGate(self, timeout_s)
 
-    def _marker(self, stream: Stream, end: bool):
+    def mark(self, stream: Stream, *, end: bool = True):
         e = torch.cuda.Event(enable_timing=True)
         e.record(stream.raw)  # type: ignore[attr-defined]
         return e
 
-    def _marker_us(self, marker) -> float | None:
+    def marker_us(self, marker) -> float | None:
         return self._epoch.elapsed_time(marker) * 1e3 if marker is not None else None
 
     def _calibrate_sleep(self, cycles: int = 200_000, repeats: int = 7) -> float:

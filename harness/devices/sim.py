@@ -141,7 +141,7 @@ class SimGate(Gate):
         if self.held:
             raise HarnessError("gate held twice without a release")
         stream = self._device.current_stream()
-        with self._device._timed(stream, f"gate {self.id}", "gate"):
+        with self._device._timed(stream, "gate", "gate {}", self.id):
             self._held_from = self._device._launch(stream, 0.0)
             stream.clock = max(stream.clock, HELD)
         self._device._gates.append(self)
@@ -267,19 +267,19 @@ class SimDevice(Device):
         return True
 
     # ---- timeline markers: virtual times, shifted with held work ----------------
-    def _marker(self, stream: Stream, end: bool):
+    def mark(self, stream: Stream, *, end: bool = True):
         t = stream.clock if end else max(stream.clock, self.host_clock)  # type: ignore[attr-defined]
         m = [t]
         if _is_held(t):
             self._held_marks.append(m)
         return m
 
-    def _marker_us(self, marker) -> float | None:
+    def marker_us(self, marker) -> float | None:
         return None if marker is None or _is_held(marker[0]) else marker[0]
 
     # ---- events ---------------------------------------------------------------
     def _record(self, event: SimEvent, stream: SimStream) -> None:
-        with self._timed(stream, f"record e{event.id}", "record"):
+        with self._timed(stream, "record", "record e{}", event.id):
             self._launch(stream, 0.0)
         event.time = stream.clock
         if _is_held(event.time):
@@ -296,7 +296,7 @@ class SimDevice(Device):
                 "(CUDA: cudaErrorStreamCaptureInvalidated); use an external event"
             )
         self._note(Wait(stream.id, event.id, in_graph=self.capturing))
-        with self._timed(stream, f"wait e{event.id}", "wait"):
+        with self._timed(stream, "wait", "wait e{}", event.id):
             self._launch(stream, 0.0)
             self.clocks.wait(stream.id, event.clock)  # a never-recorded event orders nothing
             if event.time is not None:
@@ -306,7 +306,7 @@ class SimDevice(Device):
     def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region) -> None:
         stream = self.current_stream()
         nbytes = src.numel() * src.element_size()
-        with self._timed(stream, f"H2D {region}", "copy"):
+        with self._timed(stream, "copy", "H2D {}", region):
             start = self._launch(stream, 0.0)
             duration = nbytes / (self.costs.bandwidth_gbps * 1e3)  # GB/s -> bytes/us
             stream.clock = start + duration
@@ -314,14 +314,14 @@ class SimDevice(Device):
         self._note(Copy(stream.id, region))
 
     def delay(self, us: float) -> None:
-        with self._timed(self.current_stream(), f"delay {us:g}us", "delay"):
+        with self._timed(None, "delay", "delay {:g}us", us):
             self._launch(self.current_stream(), us)
         self._note(Delay(self.current_stream().id, us))
 
     def access(self, reads=(), writes=(), what: str = "") -> None:
         super().access(reads, writes, what)
         stream = self.current_stream()
-        with self._timed(stream, what or "access", "access"):
+        with self._timed(stream, "access", "{}", what or "access"):
             start = self._launch(stream, self.costs.access_us)
         regions = tuple(reads) + tuple(writes)
 
@@ -365,7 +365,7 @@ class SimDevice(Device):
         prev_trace, self._trace = self._trace, None  # the replay is traced as one op
         self._replaying = True
         try:
-            with self._timed(stream, f"replay graph {graph.id}", "replay"):
+            with self._timed(stream, "replay", "replay graph {}", graph.id):
                 graph._fn()
         finally:
             self._replaying = False
