@@ -49,21 +49,20 @@ run: $(VENV)/.installed
 endif
 
 # One pytest worker per GPU (pytest-xdist, when the runner has it and more than one GPU): workers
-# sharing one GPU share its timing, and race rates move.
+# sharing one GPU share its timing, and race rates move. worksteal: an idle worker takes items
+# from a busy one, so one slow scenario does not leave the other GPUs idle at the end.
 GPU_WORKERS = $(shell PYTHONPATH=. $(PYTHON) -m harness.gpu_workers count 2>/dev/null || echo 1)
-XDIST       = $(shell [ $(GPU_WORKERS) -gt 1 ] && $(PYTHON) -c 'import xdist' 2>/dev/null && echo -p xdist -n $(GPU_WORKERS))
+XDIST       = $(shell [ $(GPU_WORKERS) -gt 1 ] && $(PYTHON) -c 'import xdist' 2>/dev/null && echo -p xdist -n $(GPU_WORKERS) --dist worksteal)
 
-# The GPU tests and one test item per scenario of the default set (the pytest plugin), then the
-# mutant kill matrix. Each writes its summary.md and appends it to $GITHUB_STEP_SUMMARY when set,
-# whether or not its checks passed.
+# One pytest session: the GPU tests, one test item per scenario of the default set, and one per
+# variant of the mutant kill matrix (the plugin's --harness-mutants), spread over the GPUs as one
+# pool of items. It writes results.json (the kill matrix as its mutants section), summary.md and
+# junit.xml, and appends summary.md to $GITHUB_STEP_SUMMARY when set, whether or not it passed.
 gpu-test:
 	mkdir -p $(REPORTS)
-	status=0; \
 	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu -p no:cacheprovider -p harness.pytest_plugin $(XDIST) \
 		--junitxml=$(REPORTS)/junit.xml --harness-device cuda --harness-report $(REPORTS) \
-		--harness-scenarios $(wildcard scenarios/*.toml) || status=$$?; \
-	PYTHONPATH=. $(PYTHON) -m harness mutants --device cuda --out $(REPORTS)/mutants || status=$$?; \
-	exit $$status
+		--harness-scenarios $(wildcard scenarios/*.toml) --harness-mutants $(wildcard scenarios/mutants/*.toml)
 
 # What each correct fence costs (device events; the whole sweep on a GPU, the default point on the
 # simulator), and every strategy against every full-graph race scenario.

@@ -247,8 +247,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_mutants(args: argparse.Namespace) -> int:
-    from harness.mutants import Role, classify, matrix_ok
-    from harness.results import as_plain, build_results, write_results
+    from harness.mutants import Role, classify, matrix_ok, matrix_section
+    from harness.results import build_results, write_results
     from harness.scenario_file import SCENARIO_DIR
 
     scenarios = _load(args.files, args, sorted((SCENARIO_DIR / "mutants").glob("*.toml")))
@@ -256,9 +256,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     device = dev.describe()
     run = _run_all(scenarios, dev, args, lambda r: f"{classify(r).outcome.value:8s}")
     rows = [classify(r) for r in run.results]
-    section = {"mutants": {"matrix": [
-        {**as_plain(row), "stale_rate": row.stale_rate} for row in rows
-    ]}}
+    section = matrix_section(run.results)
     if run.stopped:
         return _write_partial(run, device, args.out, section)
     run.console.stop()

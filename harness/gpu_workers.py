@@ -13,6 +13,11 @@ scenarios it ran, plus its worker id and GPU UUID) into a folder the controller
 made; the controller merges the parts into one document.
 
     python -m harness.gpu_workers count    the number of usable GPUs (1 when none)
+    python -m harness.gpu_workers check RESULTS.json
+                                           which worker ran on which GPU; exit 1 if two
+                                           workers shared a GPU or a scenario is not on its
+                                           worker's GPU, 2 if the file is not a valid
+                                           results.json (a scenario named twice is not)
 """
 
 from __future__ import annotations
@@ -144,7 +149,12 @@ def merge(parts: list[dict], order: Iterable[str] = (), command: list[str] | Non
             # setdefault: a scenario reported twice keeps its first run.
             entries.setdefault(entry["name"], {**entry, "worker": part["worker"], "gpu_uuid": part["gpu_uuid"]})
     rank = {name: i for i, name in enumerate(order)}
-    scenarios = sorted(entries.values(), key=lambda e: rank.get(e["name"], len(rank)))
+    by_rank = lambda e: rank.get(e["name"], len(rank))  # noqa: E731
+    scenarios = sorted(entries.values(), key=by_rank)
+    matrix: dict[str, dict] = {}
+    for part in parts:
+        for row in (part.get("mutants") or {}).get("matrix", []):
+            matrix.setdefault(row["name"], row)
     first = parts[0]
     workers = {p["worker"]: p["gpu_uuid"] for p in parts}
     return {
@@ -162,16 +172,63 @@ def merge(parts: list[dict], order: Iterable[str] = (), command: list[str] | Non
             "errors": sum(e["error"] is not None for e in scenarios),
         },
         "scenarios": scenarios,
+        **({"mutants": {"matrix": sorted(matrix.values(), key=by_rank)}} if matrix else {}),
     }
+
+
+def spread_problems(doc: dict) -> list[str]:
+    """What is wrong with how a merged run was spread over its GPUs ([] when nothing is).
+
+    Every scenario once, each run by a worker of the run on that worker's GPU, and no GPU
+    shared by two workers: what `make gpu-test` promises on a host of several GPUs.
+    """
+    problems = []
+    workers: dict = doc["environment"].get("workers") or {}
+    seen: dict[str, int] = {}
+    for e in doc["scenarios"]:
+        seen[e["name"]] = seen.get(e["name"], 0) + 1
+        if e.get("worker") not in workers:
+            problems.append(f"{e['name']}: run by {e.get('worker')!r}, not a worker of this run")
+        elif e.get("gpu_uuid") != workers[e["worker"]]:
+            problems.append(f"{e['name']}: GPU {e.get('gpu_uuid')} is not its worker's ({workers[e['worker']]})")
+    problems += [f"{name}: reported {n} times" for name, n in seen.items() if n > 1]
+    owners: dict[str, list[str]] = {}
+    for worker, gpu in workers.items():
+        owners.setdefault(gpu or "no GPU", []).append(worker)
+    problems += [f"GPU {gpu} shared by workers {', '.join(sorted(ws))}" for gpu, ws in owners.items() if len(ws) > 1]
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv != ["count"]:
-        print("usage: python -m harness.gpu_workers count", file=sys.stderr)
+    if argv == ["count"]:
+        print(max(1, gpu_count()))  # -n 1 on a host without GPUs still runs the suite
+        return 0
+    if len(argv) == 2 and argv[0] == "check":
+        return _check(Path(argv[1]))
+    print("usage: python -m harness.gpu_workers count | check RESULTS.json", file=sys.stderr)
+    return 2
+
+
+def _check(path: Path) -> int:
+    from harness.errors import InputError
+    from harness.report.schema import load
+
+    try:
+        doc = load(path)
+    except InputError as e:
+        print(f"fence-harness: {e}", file=sys.stderr)
         return 2
-    print(max(1, gpu_count()))  # -n 1 on a host without GPUs still runs the suite
-    return 0
+    workers = doc["environment"].get("workers") or {}
+    for worker, gpu in sorted(workers.items(), key=lambda w: worker_index(w[0]) or 0):
+        ran = [e["name"] for e in doc["scenarios"] if e.get("worker") == worker]
+        print(f"{worker}: GPU {gpu or 'none'}, {len(ran)} scenarios")
+    problems = spread_problems(doc) if workers else [f"{path}: no workers recorded (not a merged run)"]
+    for p in problems:
+        print(f"  problem: {p}")
+    print(f"{len(doc['scenarios'])} scenarios, {len(workers)} workers, "
+          f"{len(set(workers.values()))} GPUs: {'ok' if not problems else 'NOT ok'}")
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

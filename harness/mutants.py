@@ -78,3 +78,12 @@ def classify(r: ScenarioResult) -> MatrixRow:
 def matrix_ok(rows: list[MatrixRow]) -> bool:
     """Every mutant killed and every correct variant clean."""
     return all(row.ok for row in rows)
+
+
+def matrix_section(results: list[ScenarioResult]) -> dict:
+    """The `mutants` section of results.json for these kill-matrix results, in run order."""
+    from harness.results import as_plain
+
+    return {"mutants": {"matrix": [
+        {**as_plain(row), "stale_rate": row.stale_rate} for row in map(classify, results)
+    ]}}

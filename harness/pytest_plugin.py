@@ -113,6 +113,8 @@ SETTINGS = (
     _Setting("device", _device, "auto (cuda when torch sees one), cuda or sim; default auto"),
     _Setting("replays", _replays, "replays per scenario (default: each scenario's own)"),
     _Setting("scenarios", _paths, "scenario TOML files; each scenario becomes a test item", is_path=True),
+    _Setting("mutants", _paths, "kill-matrix TOML files: each scenario becomes a test item that passes when "
+             "a mutant is killed or a correct variant is clean; the report gets the kill matrix", is_path=True),
     _Setting("report", _path, "folder for results.json and summary.md (default: reports/ at the rootdir)",
              is_path=True),
 )
@@ -123,13 +125,14 @@ class Settings:
     device: str = "auto"
     replays: int | None = None
     scenarios: list[Path] = field(default_factory=list)
+    mutants: list[Path] = field(default_factory=list)
     report: Path = Path("reports")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("fence-harness", "fence-harness race scenarios")
     for s in SETTINGS:
-        extra: dict[str, Any] = {"nargs": "+", "action": "extend"} if s.name == "scenarios" else {}
+        extra: dict[str, Any] = {"nargs": "+", "action": "extend"} if s.parse is _paths else {}
         group.addoption(s.flag, dest=s.ini, default=None, metavar="FILE" if extra else s.name.upper(),
                         help=f"{s.help} [env {s.env}, ini {s.ini}]", **extra)
         parser.addini(s.ini, f"{s.help} (--harness-{s.name} and {s.env} override it)", default="")
@@ -139,7 +142,7 @@ def _raw_value(config: pytest.Config, s: _Setting, environ: dict[str, str]):
     """(text, how to show it, where it came from, folder relative paths start from), or None."""
     given = config.getoption(s.ini)
     if given is not None:
-        text = shlex.join(given) if isinstance(given, list) else given  # --harness-scenarios: a list
+        text = shlex.join(given) if isinstance(given, list) else given  # a list of files
         return text, f"{s.flag}={text}", "command line", None
     if environ.get(s.env, "") != "":
         return environ[s.env], f"{s.env}={environ[s.env]}", "environment", None
@@ -167,6 +170,7 @@ def read_settings(config: pytest.Config, environ: dict[str, str]) -> Settings:
         values[s.name] = value
     settings = Settings(**values)
     settings.scenarios = [Path(p) for p in settings.scenarios]
+    settings.mutants = [Path(p) for p in settings.mutants]
     settings.report = Path(settings.report)
     return settings
 
@@ -179,7 +183,9 @@ class _State:
     settings: Settings
     scenarios: list = field(default_factory=list)  # harness.scenario.Scenario, in file order
     files: set[Path] = field(default_factory=set)  # the scenario files, resolved
+    matrix_files: set[Path] = field(default_factory=set)  # those of them that are kill-matrix files
     results: dict = field(default_factory=dict)  # name -> ScenarioResult, in run order
+    matrix: set[str] = field(default_factory=set)  # the names of those run as kill-matrix items
     started: float | None = None
     parts_dir: Path | None = None  # controller under xdist: where workers write their parts
     report_path: Path | None = None
@@ -243,18 +249,20 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", marker)
     state = _State(read_settings(config, dict(os.environ)))
     config.stash[_STATE] = state
-    if not state.settings.scenarios:
+    paths = state.settings.scenarios + state.settings.mutants
+    if not paths:
         return
     from harness.errors import InputError
     from harness.scenario_file import load_files
 
-    try:
-        state.scenarios = load_files(state.settings.scenarios)
+    try:  # one load: a name used in two files is an error, as it is for `fence-harness run`
+        state.scenarios = load_files(paths)
     except InputError as e:
         raise pytest.UsageError(str(e)) from None
+    state.matrix_files = {p.resolve() for p in state.settings.mutants}
     # The files join the collection whatever paths were given, unless already among them.
     given = {Path(a.split("::")[0]).resolve() for a in config.args}
-    for path in (p.resolve() for p in state.settings.scenarios):
+    for path in (p.resolve() for p in paths):
         if path not in given | state.files:
             config.args.append(str(path))
         state.files.add(path)
@@ -276,7 +284,8 @@ class ScenarioFile(pytest.File):
         marker = "gpu" if state.device_kind() == "cuda" else "sim"
         for scenario in state.scenarios:
             if Path(scenario.source).resolve() == self.path.resolve():
-                item = ScenarioItem.from_parent(self, name=scenario.name, scenario=scenario)
+                item = ScenarioItem.from_parent(self, name=scenario.name, scenario=scenario,
+                                                kill_matrix=self.path.resolve() in state.matrix_files)
                 item.add_marker(marker)
                 yield item
 
@@ -298,15 +307,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 class ScenarioFailed(Exception):
     """A scenario that did not meet its expectation (the result says how)."""
 
-    def __init__(self, result):
+    def __init__(self, result, matrix_outcome: str | None = None):
         super().__init__(result.scenario.name)
         self.result = result
+        self.matrix_outcome = matrix_outcome  # a kill-matrix item's outcome: survived, flagged, error
 
 
 class ScenarioItem(pytest.Item):
-    def __init__(self, *, scenario, **kwargs):
+    def __init__(self, *, scenario, kill_matrix: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.scenario = scenario
+        # A kill-matrix item passes on the matrix's own terms: a mutant caught by stale data
+        # or by the happens-before analyser, a correct variant with neither.
+        self.kill_matrix = kill_matrix
 
     def runtest(self) -> None:
         from harness.errors import HarnessError
@@ -321,12 +334,22 @@ class ScenarioItem(pytest.Item):
         result = run_scenario(self.scenario, dev, replays=state.settings.replays)
         state.results[self.scenario.name] = result
         self.user_properties.extend(junit_properties(result, state.describe(), state.gpu_uuid()))
-        if not result.met:
+        if self.kill_matrix:
+            from harness.mutants import classify
+
+            state.matrix.add(self.scenario.name)
+            row = classify(result)
+            self.user_properties.append(("kill_matrix", row.outcome.value))
+            if not row.ok:
+                raise ScenarioFailed(result, row.outcome.value)
+        elif not result.met:
             raise ScenarioFailed(result)
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, ScenarioFailed):
-            return verdict(excinfo.value.result)
+            failed = excinfo.value
+            text = verdict(failed.result)
+            return f"{text}\n  kill matrix: {failed.matrix_outcome}" if failed.matrix_outcome else text
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
@@ -463,9 +486,13 @@ def pytest_configure_node(node) -> None:
 
 
 def _own_part(state: _State) -> dict:
+    from harness.mutants import matrix_section
     from harness.results import build_results
 
-    return build_results(list(state.results.values()), state.describe(), state.started, time.time())
+    results = list(state.results.values())
+    matrix = [r for r in results if r.scenario.name in state.matrix]
+    return build_results(results, state.describe(), state.started, time.time(),
+                         matrix_section(matrix) if matrix else None)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import types
+from pathlib import Path
 
 import pytest
 
 from harness import gpu_workers as gw
 
+SAMPLES = Path(__file__).resolve().parent.parent / "reports" / "samples"
 GPUS = ["GPU-aaaa-0000", "GPU-bbbb-1111", "GPU-cccc-2222", "GPU-dddd-3333"]
 
 
@@ -147,3 +149,73 @@ def test_merge_keeps_each_scenario_once_and_unknown_names_last():
     assert doc["environment"]["gpus"] == []  # the simulator has no GPU
     with pytest.raises(ValueError):
         gw.merge([])
+
+
+def test_merge_carries_each_parts_kill_matrix_rows_once_in_scenario_order():
+    def row(name, role="mutant"):
+        return {"name": name, "role": role, "variant": "v", "outcome": "killed", "stale_rate": 1.0, "findings": 0}
+
+    parts = [
+        {**part(["m2", "m3"], started="s", finished="f"), "worker": "gw1", "gpu_uuid": GPUS[1],
+         "mutants": {"matrix": [row("m2"), row("m3", "correct")]}},
+        {**part(["a", "m1"], started="s", finished="f"), "worker": "gw0", "gpu_uuid": GPUS[0],
+         "mutants": {"matrix": [row("m1")]}},
+    ]
+    doc = gw.merge(parts, order=["a", "m1", "m2", "m3"])
+    assert [m["name"] for m in doc["mutants"]["matrix"]] == ["m1", "m2", "m3"]
+    assert "mutants" not in gw.merge([parts[0] | {"mutants": None}])
+
+
+def merged(assignments: dict[str, tuple[str, str | None]], workers: dict[str, str | None]) -> dict:
+    """A merged document: scenario -> (worker, GPU it reports), and the run's workers."""
+    return {"environment": {"workers": workers},
+            "scenarios": [{"name": n, "worker": w, "gpu_uuid": g} for n, (w, g) in assignments.items()]}
+
+
+def test_a_well_spread_run_has_no_problems():
+    doc = merged({"a": ("gw0", GPUS[0]), "b": ("gw1", GPUS[1]), "c": ("gw0", GPUS[0])},
+                 {"gw0": GPUS[0], "gw1": GPUS[1]})
+    assert gw.spread_problems(doc) == []
+
+
+@pytest.mark.parametrize("assignments, workers, problem", [
+    ({"a": ("gw0", GPUS[0]), "b": ("gw1", GPUS[0])}, {"gw0": GPUS[0], "gw1": GPUS[0]},
+     f"GPU {GPUS[0]} shared by workers gw0, gw1"),
+    ({"a": ("gw0", GPUS[1])}, {"gw0": GPUS[0]}, f"a: GPU {GPUS[1]} is not its worker's ({GPUS[0]})"),
+    ({"a": ("gw7", GPUS[0])}, {"gw0": GPUS[0]}, "a: run by 'gw7', not a worker of this run"),
+])
+def test_spread_problems_name_what_went_wrong(assignments, workers, problem):
+    assert problem in gw.spread_problems(merged(assignments, workers))
+
+
+def test_spread_problems_count_a_scenario_reported_twice():
+    doc = merged({"a": ("gw0", GPUS[0])}, {"gw0": GPUS[0]})
+    doc["scenarios"].append(dict(doc["scenarios"][0]))
+    assert gw.spread_problems(doc) == ["a: reported 2 times"]
+
+
+def test_check_command_prints_workers_and_exits_by_what_it_found(tmp_path, capsys):
+    # A real run's results.json, split between two workers as xdist would, and merged.
+    sample = json.loads((SAMPLES / "default-h200" / "results.json").read_text())
+    half = len(sample["scenarios"]) // 2
+    for worker, gpu, entries in (("gw0", GPUS[0], sample["scenarios"][:half]),
+                                 ("gw1", GPUS[1], sample["scenarios"][half:])):
+        gw.write_part(tmp_path, worker, gpu, {**sample, "scenarios": entries})
+    doc = gw.merge(gw.read_parts(tmp_path))
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(doc))
+    assert gw.main(["check", str(good)]) == 0
+    out = capsys.readouterr().out
+    n = len(sample["scenarios"])
+    assert f"gw0: GPU {GPUS[0]}, {half} scenarios" in out and f"{n} scenarios, 2 workers, 2 GPUs: ok" in out
+
+    doc["environment"]["workers"]["gw1"] = GPUS[0]  # two workers on one GPU
+    shared = tmp_path / "shared.json"
+    shared.write_text(json.dumps(doc))
+    assert gw.main(["check", str(shared)]) == 1
+    assert "NOT ok" in capsys.readouterr().out
+
+    (tmp_path / "bad.json").write_text("{")
+    assert gw.main(["check", str(tmp_path / "bad.json")]) == 2
+    assert "bad.json" in capsys.readouterr().err
+    assert gw.main(["check"]) == 2

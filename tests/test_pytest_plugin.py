@@ -32,7 +32,7 @@ WRONG = TINY.replace('fence = "none"\nexpect = "race"', 'fence = "none"\nexpect 
 @pytest.fixture(autouse=True)
 def no_settings_from_outside(monkeypatch):
     """Settings in the caller's environment would change what these runs see."""
-    for name in ("DEVICE", "REPLAYS", "SCENARIOS", "REPORT"):
+    for name in ("DEVICE", "REPLAYS", "SCENARIOS", "MUTANTS", "REPORT"):
         monkeypatch.delenv(f"FENCE_HARNESS_{name}", raising=False)
 
 
@@ -81,6 +81,42 @@ def test_scenarios_pass_and_a_missed_expectation_fails_with_its_verdict(pytester
     assert (pytester.path / "out" / "report.html").is_file()
 
 
+def test_kill_matrix_items_pass_on_the_matrix_terms_and_the_report_gets_the_matrix(pytester, tiny):
+    # race.toml as a kill matrix: the unfenced mutant is killed, the fenced variant clean.
+    # The same fenced scenario called a mutant survives, and its item fails.
+    survived = TINY.replace('name = "tiny-full-final_event"\nbackend = "full"\nfence = "final_event"\n'
+                            'expect = "clean"', 'name = "tiny-survivor"\nbackend = "full"\n'
+                            'fence = "final_event"\nexpect = "race"').replace("tiny-full-none", "tiny-killed")
+    pytester.makefile(".toml", survivor=survived)
+    result = run(pytester, "--harness-mutants", "race.toml", "survivor.toml", "--harness-report", "out",
+                 "--junitxml", "junit.xml", "-rf")
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(["tiny-survivor: expected race, observed clean", "*kill matrix: survived",
+                                 "FAILED survivor.toml::tiny-survivor - tiny-survivor: expected race*"])
+    doc = json.loads((pytester.path / "out" / "results.json").read_text())
+    assert {m["name"]: (m["role"], m["outcome"]) for m in doc["mutants"]["matrix"]} == {
+        "tiny-full-none": ("mutant", "killed"), "tiny-full-final_event": ("correct", "clean"),
+        "tiny-killed": ("mutant", "killed"), "tiny-survivor": ("mutant", "survived")}
+    assert "**Kill matrix**: 2/3 mutants killed, 1/1 correct variants clean" in (
+        pytester.path / "out" / "summary.md").read_text()
+    cases = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")}
+             for c in ET.parse(pytester.path / "junit.xml").iter("testcase")}
+    assert cases["tiny-survivor"]["kill_matrix"] == "survived"
+
+
+def test_scenarios_and_kill_matrix_in_one_run_and_a_name_in_both_is_an_error(pytester, tiny):
+    pytester.makefile(".toml", wrong=WRONG)
+    result = run(pytester, "--harness-scenarios", "wrong.toml", "--harness-mutants", "race.toml",
+                 "--harness-report", "out")
+    result.assert_outcomes(passed=3, failed=1)  # tiny-wrong misses its expectation
+    doc = json.loads((pytester.path / "out" / "results.json").read_text())
+    assert len(doc["scenarios"]) == 4
+    assert [m["name"] for m in doc["mutants"]["matrix"]] == ["tiny-full-none", "tiny-full-final_event"]
+    clash = run(pytester, "--harness-scenarios", "race.toml", "--harness-mutants", "race.toml")
+    assert clash.ret == pytest.ExitCode.USAGE_ERROR
+    clash.stderr.fnmatch_lines(["*tiny-full-none*"])
+
+
 def test_replays_override_and_junit_properties(pytester, tiny):
     result = run(pytester, "--harness-scenarios", "race.toml", "--harness-replays", "3",
                  "--harness-report", "out", "--junitxml", "junit.xml")
@@ -119,7 +155,7 @@ def test_markers_options_and_ini_keys_are_registered(pytester):
     assert all(f"@pytest.mark.{m}:" in markers for m in ("gpu", "sim", "slow"))
     helptext = pytester.runpytest(*PLUGIN, "--help").stdout.str()
     assert "fence-harness" in helptext
-    for name in ("device", "replays", "scenarios", "report"):
+    for name in ("device", "replays", "scenarios", "mutants", "report"):
         assert f"--harness-{name}" in helptext and f"harness_{name}" in helptext
         assert f"FENCE_HARNESS_{name.upper()}" in helptext
 
