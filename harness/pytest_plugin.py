@@ -186,7 +186,7 @@ class _State:
     matrix_files: set[Path] = field(default_factory=set)  # those of them that are kill-matrix files
     results: dict = field(default_factory=dict)  # name -> ScenarioResult, in run order
     matrix: set[str] = field(default_factory=set)  # the names of those run as kill-matrix items
-    started: float | None = None
+    started: float = field(default_factory=time.time)  # the session's start
     parts_dir: Path | None = None  # controller under xdist: where workers write their parts
     report_path: Path | None = None
     _device: Any = None
@@ -330,7 +330,6 @@ class ScenarioItem(pytest.Item):
             dev = state.device()
         except HarnessError as e:  # e.g. --harness-device cuda without CUDA: one line, no traceback
             pytest.fail(str(e), pytrace=False)
-        state.started = state.started or time.time()
         result = run_scenario(self.scenario, dev, replays=state.settings.replays)
         state.results[self.scenario.name] = result
         self.user_properties.extend(junit_properties(result, state.describe(), state.gpu_uuid()))
@@ -502,7 +501,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:  # an xdist worker: hand the results to the controller
-        if state.results and PARTS_KEY in workerinput:
+        # A part even from a worker that ran no scenario (only test functions, say): the
+        # merged run then names every worker and the GPU it was pinned to.
+        if PARTS_KEY in workerinput:
             gpu_workers.write_part(Path(workerinput[PARTS_KEY]), workerinput["workerid"],
                                    state.gpu_uuid(), _own_part(state))
         return
