@@ -225,6 +225,6 @@ def test_only_reads_that_beat_their_copy_are_marked_stale():
 
 def test_the_committed_gpu_samples_validate_and_render():
     """reports/samples/*: real GPU runs (default set, kill matrix, benchmark) still read and render."""
-    for name in ("default-h200", "mutants-h200", "bench-h200"):
+    for name in ("default-h200", "mutants-h200", "bench-h200", "gpu-test-h200x2"):
         doc = load(ROOT / "reports" / "samples" / name / "results.json")  # load validates
         assert _images(render_html(doc)), name
