@@ -256,7 +256,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     device = dev.describe()
     run = _run_all(scenarios, dev, args, lambda r: f"{classify(r).outcome.value:8s}")
     rows = [classify(r) for r in run.results]
-    section = matrix_section(run.results)
+    section = matrix_section(rows)
     if run.stopped:
         return _write_partial(run, device, args.out, section)
     run.console.stop()

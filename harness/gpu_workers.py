@@ -149,7 +149,10 @@ def merge(parts: list[dict], order: Iterable[str] = (), command: list[str] | Non
             # setdefault: a scenario reported twice keeps its first run.
             entries.setdefault(entry["name"], {**entry, "worker": part["worker"], "gpu_uuid": part["gpu_uuid"]})
     rank = {name: i for i, name in enumerate(order)}
-    by_rank = lambda e: rank.get(e["name"], len(rank))  # noqa: E731
+
+    def by_rank(e: dict) -> int:
+        return rank.get(e["name"], len(rank))
+
     scenarios = sorted(entries.values(), key=by_rank)
     matrix: dict[str, dict] = {}
     for part in parts:

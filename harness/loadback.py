@@ -128,6 +128,23 @@ def plan_copies(
     return plan
 
 
+def stale_by_chunk(stale_slots, plan: CopyPlan):
+    """(layer, chunk regions, stale slots in each chunk) for every whole copy of a chunked plan.
+
+    `stale_slots` holds (layer, pool, slot), as a replay verdict's `slots` do; chunks come in
+    copy order, so a fault that holds the stream between chunks shows as a stale tail. Every
+    copy must have been split into the same number of chunks (ValueError otherwise).
+    """
+    for layer, parts in enumerate(plan):
+        for copies in zip(*parts, strict=True):  # the chunks of one whole copy
+            regions = [c.region for c in copies]
+            yield layer, regions, [
+                {slot for (lay, pool, slot) in stale_slots
+                 if lay == layer and pool == r.pool and r.start <= slot < r.stop}
+                for r in regions
+            ]
+
+
 def _layer_copies(layout: "Layout", host: "HostPool", pool: "HybridPool", layer: int):
     """(device view, host view, region) of each whole copy of one layer."""
     from harness.pools import prefix_regions

@@ -80,10 +80,8 @@ def matrix_ok(rows: list[MatrixRow]) -> bool:
     return all(row.ok for row in rows)
 
 
-def matrix_section(results: list[ScenarioResult]) -> dict:
-    """The `mutants` section of results.json for these kill-matrix results, in run order."""
+def matrix_section(rows: list[MatrixRow]) -> dict:
+    """The `mutants` section of results.json for these rows, in their order."""
     from harness.results import as_plain
 
-    return {"mutants": {"matrix": [
-        {**as_plain(row), "stale_rate": row.stale_rate} for row in map(classify, results)
-    ]}}
+    return {"mutants": {"matrix": [{**as_plain(row), "stale_rate": row.stale_rate} for row in rows]}}

@@ -185,7 +185,7 @@ class _State:
     files: set[Path] = field(default_factory=set)  # the scenario files, resolved
     matrix_files: set[Path] = field(default_factory=set)  # those of them that are kill-matrix files
     results: dict = field(default_factory=dict)  # name -> ScenarioResult, in run order
-    matrix: set[str] = field(default_factory=set)  # the names of those run as kill-matrix items
+    matrix_rows: dict = field(default_factory=dict)  # name -> harness.mutants.MatrixRow, kill-matrix items
     started: float = field(default_factory=time.time)  # the session's start
     parts_dir: Path | None = None  # controller under xdist: where workers write their parts
     report_path: Path | None = None
@@ -336,8 +336,7 @@ class ScenarioItem(pytest.Item):
         if self.kill_matrix:
             from harness.mutants import classify
 
-            state.matrix.add(self.scenario.name)
-            row = classify(result)
+            row = state.matrix_rows[self.scenario.name] = classify(result)
             self.user_properties.append(("kill_matrix", row.outcome.value))
             if not row.ok:
                 raise ScenarioFailed(result, row.outcome.value)
@@ -488,10 +487,9 @@ def _own_part(state: _State) -> dict:
     from harness.mutants import matrix_section
     from harness.results import build_results
 
-    results = list(state.results.values())
-    matrix = [r for r in results if r.scenario.name in state.matrix]
-    return build_results(results, state.describe(), state.started, time.time(),
-                         matrix_section(matrix) if matrix else None)
+    rows = list(state.matrix_rows.values())
+    return build_results(list(state.results.values()), state.describe(), state.started, time.time(),
+                         matrix_section(rows) if rows else None)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

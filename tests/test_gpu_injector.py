@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.loadback import plan_copies
+from harness.loadback import plan_copies, stale_by_chunk
 from harness.mutants import Role, classify, matrix_ok
 from harness.pipeline import Bench, run_scenario
 from harness.scenario import Expect, Fault, FaultKind
@@ -48,21 +48,14 @@ def test_chunked_staleness_is_whole_chunks_late_in_copy_order(cuda):
     r = run_scenario(s, cuda, replays=100, on_replay=lambda i, v: verdicts.append(v))
     assert r.error is None and r.tally.stale_replays == 100
     for v in verdicts:
-        for layer, parts in enumerate(chunks):
-            # zip(*parts): the pieces of each whole copy (a pool of a request), in copy order.
-            assert len({len(p) for p in parts}) == 1
-            for copies in zip(*parts):
-                pieces = [c.region for c in copies]
-                stale = [{slot for (lay, pool, slot) in v.slots
-                          if lay == layer and pool == reg.pool and reg.start <= slot < reg.stop}
-                         for reg in pieces]
-                # The stale slots are the late chunks: fresh chunks, at most one chunk caught in
-                # flight (a copy is not atomic to a concurrent read), then wholly stale chunks.
-                whole = [st == set(range(reg.start, reg.stop)) for st, reg in zip(stale, pieces)]
-                first = next((j for j, st in enumerate(stale) if st), len(stale))
-                assert all(whole[j] for j in range(first + 1, len(stale))), (layer, stale)
-                flags = [bool(st) for st in stale]
-                assert flags == sorted(flags), (layer, flags)  # once late, later chunks are late too
+        for layer, pieces, stale in stale_by_chunk(v.slots, chunks):
+            # The stale slots are the late chunks: fresh chunks, at most one chunk caught in
+            # flight (a copy is not atomic to a concurrent read), then wholly stale chunks.
+            whole = [st == set(range(reg.start, reg.stop)) for st, reg in zip(stale, pieces)]
+            first = next((j for j, st in enumerate(stale) if st), len(stale))
+            assert all(whole[j] for j in range(first + 1, len(stale))), (layer, stale)
+            flags = [bool(st) for st in stale]
+            assert flags == sorted(flags), (layer, flags)  # once late, later chunks are late too
 
 
 def test_a_gate_never_opened_times_out_as_an_error_and_the_device_still_works(cuda, stuck_gate):

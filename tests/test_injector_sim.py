@@ -8,7 +8,7 @@ import json
 from harness.analysis import RaceKind
 from harness.cli import main
 from harness.devices.sim import SimDevice
-from harness.loadback import plan_copies
+from harness.loadback import plan_copies, stale_by_chunk
 from harness.mutants import Outcome, Role, classify, matrix_ok
 from harness.pipeline import Bench, ScenarioResult, run_scenario
 from harness.scenario import (
@@ -127,20 +127,13 @@ def test_chunked_staleness_is_exactly_the_late_chunks():
     assert r.tally.stale_replays == 3
     partly = 0
     for v in verdicts:
-        for layer, parts in enumerate(chunks):
-            # zip(*parts): the pieces of each whole copy (a pool of a request), in copy order.
-            assert len({len(p) for p in parts}) == 1
-            for copies in zip(*parts):
-                pieces = [c.region for c in copies]
-                stale = [{slot for (lay, pool, slot) in v.slots
-                          if lay == layer and pool == reg.pool and reg.start <= slot < reg.stop}
-                         for reg in pieces]
-                # Each piece is wholly stale or wholly fresh ...
-                assert all(not st or st == set(range(reg.start, reg.stop)) for st, reg in zip(stale, pieces))
-                # ... and once a piece is late, every later piece of that copy is late too.
-                flags = [bool(st) for st in stale]
-                assert flags == sorted(flags), (layer, flags)
-                partly += any(flags) and not all(flags)
+        for layer, pieces, stale in stale_by_chunk(v.slots, chunks):
+            # Each piece is wholly stale or wholly fresh ...
+            assert all(not st or st == set(range(reg.start, reg.stop)) for st, reg in zip(stale, pieces))
+            # ... and once a piece is late, every later piece of that copy is late too.
+            flags = [bool(st) for st in stale]
+            assert flags == sorted(flags), (layer, flags)
+            partly += any(flags) and not all(flags)
     assert partly > 0  # some layer was read partly loaded: localisation below a layer
 
 
