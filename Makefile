@@ -51,7 +51,7 @@ endif
 # One pytest worker per GPU (pytest-xdist, when the runner has it and more than one GPU): workers
 # sharing one GPU share its timing, and race rates move. worksteal: an idle worker takes items
 # from a busy one, so one slow scenario does not leave the other GPUs idle at the end.
-GPU_WORKERS = $(shell PYTHONPATH=. $(PYTHON) -m harness.gpu_workers count 2>/dev/null || echo 1)
+GPU_WORKERS = $(shell PYTHONPATH=. $(PYTHON) -m harness.frontends.gpu_workers count 2>/dev/null || echo 1)
 XDIST       = $(shell [ $(GPU_WORKERS) -gt 1 ] && $(PYTHON) -c 'import xdist' 2>/dev/null && echo -p xdist -n $(GPU_WORKERS) --dist worksteal)
 
 # One pytest session: the GPU tests, one test item per scenario of the default set, and one per
@@ -60,7 +60,7 @@ XDIST       = $(shell [ $(GPU_WORKERS) -gt 1 ] && $(PYTHON) -c 'import xdist' 2>
 # junit.xml, and appends summary.md to $GITHUB_STEP_SUMMARY when set, whether or not it passed.
 gpu-test:
 	mkdir -p $(REPORTS)
-	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu -p no:cacheprovider -p harness.pytest_plugin $(XDIST) \
+	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu -p no:cacheprovider -p harness.frontends.pytest_plugin $(XDIST) \
 		--junitxml=$(REPORTS)/junit.xml --harness-device cuda --harness-report $(REPORTS) \
 		--harness-scenarios $(wildcard scenarios/*.toml) --harness-mutants $(wildcard scenarios/mutants/*.toml)
 

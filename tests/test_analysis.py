@@ -6,8 +6,8 @@ import functools
 
 import pytest
 
-from harness.analysis import Finding, RaceKind, find_races
-from harness.trace import (
+from harness.records.analysis import Finding, RaceKind, find_races
+from harness.records.trace import (
     Access,
     Copy,
     Delay,
@@ -165,7 +165,7 @@ KINDS = ("attention", "mamba", "hybrid")
 
 @functools.lru_cache(maxsize=None)
 def _scenarios():
-    from harness.scenario_file import default_files, load_files
+    from harness.run.scenario_file import default_files, load_files
 
     return {s.name: s for s in load_files(default_files())}
 
@@ -173,8 +173,8 @@ def _scenarios():
 @functools.lru_cache(maxsize=None)
 def _findings(name: str, zero_delay: bool = False) -> tuple[Finding, ...]:
     from harness.devices.sim import SimDevice
-    from harness.pipeline import run_scenario
-    from harness.scenario import Fault
+    from harness.run.pipeline import run_scenario
+    from harness.records.scenario import Fault
 
     scenario = _scenarios()[name]
     if zero_delay:
@@ -199,7 +199,7 @@ def test_full_none_races_on_every_layer(kind):
 
 def _copied_layers(name: str) -> set[int]:
     from harness.devices.sim import SimDevice
-    from harness.pipeline import run_scenario
+    from harness.run.pipeline import run_scenario
 
     trace = run_scenario(_scenarios()[name], SimDevice(), replays=1).trace
     return {op.dst.layer for op in trace.ops if isinstance(op, Copy)}

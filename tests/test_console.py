@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-import harness.console
-from harness.console import RunConsole, plain_line, results_table
+import harness.frontends.console
+from harness.frontends.console import RunConsole, plain_line, results_table
 from harness.devices import open_device
-from harness.pipeline import ScenarioResult, run_scenario
-from harness.scenario_file import parse_text
+from harness.run.pipeline import ScenarioResult, run_scenario
+from harness.run.scenario_file import parse_text
 
 # The plugin tests' scenarios, the fenced one expecting a race: one line of each kind.
 TINY = (Path(__file__).parent / "data" / "tiny_attention.toml").read_text().replace(
@@ -84,7 +84,7 @@ def test_status_column_and_notes(results):
 
 
 def test_without_rich_it_prints_plain_lines_even_on_a_terminal(results, monkeypatch):
-    monkeypatch.setattr(harness.console, "Console", None)  # a GPU runner's Python without rich
+    monkeypatch.setattr(harness.frontends.console, "Console", None)  # a GPU runner's Python without rich
     out = io.StringIO()
     console = RunConsole(out, force_terminal=True)
     assert not console.live

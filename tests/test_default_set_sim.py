@@ -3,8 +3,8 @@
 import pytest
 
 from harness.devices.sim import SimDevice
-from harness.pipeline import run_scenario
-from harness.scenario_file import default_files, load_files
+from harness.run.pipeline import run_scenario
+from harness.run.scenario_file import default_files, load_files
 
 DEFAULT = load_files(default_files())
 

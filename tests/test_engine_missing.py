@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from harness.cli import main
+from harness.frontends.cli import main
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is not None,
                                 reason="sglang is installed here (see tests/test_engine_sglang.py)")

@@ -15,13 +15,13 @@ import pytest
 
 pytest.importorskip("sglang", reason="sglang is not installed here; `make test-engine` installs it")
 
-from harness.cli import main  # noqa: E402
+from harness.frontends.cli import main  # noqa: E402
 from harness.devices.sim import SimDevice  # noqa: E402
 from harness.engines import sglang as adapter  # noqa: E402
-from harness.pipeline import Bench, run_scenario  # noqa: E402
-from harness.scenario import Backend, Expect, FaultKind  # noqa: E402
-from harness.scenario_file import SCENARIO_DIR, load_file  # noqa: E402
-from harness.trace import Wait  # noqa: E402
+from harness.run.pipeline import Bench, run_scenario  # noqa: E402
+from harness.records.scenario import Backend, Expect, FaultKind  # noqa: E402
+from harness.run.scenario_file import SCENARIO_DIR, load_file  # noqa: E402
+from harness.records.trace import Wait  # noqa: E402
 
 FILE = SCENARIO_DIR / "engine" / "sglang.toml"
 

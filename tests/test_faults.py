@@ -1,20 +1,20 @@
-"""The fault injector's pure logic (`harness.faults`) and chunked copy plans."""
+"""The fault injector's pure logic (`harness.records.faults`) and chunked copy plans."""
 
 from __future__ import annotations
 
 import pytest
 
 from harness.devices.sim import SimDevice
-from harness.faults import (
+from harness.records.faults import (
     GATE_FALLBACK_US,
     FaultPlan,
     gate_fallback,
     jitter_us,
     sweep_points,
 )
-from harness.loadback import plan_copies
-from harness.pipeline import Bench
-from harness.scenario import (
+from harness.protocol.loadback import plan_copies
+from harness.run.pipeline import Bench
+from harness.records.scenario import (
     Backend,
     DelayWhere,
     DType,

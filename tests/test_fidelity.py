@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from harness.devices.sim import SimDevice
-from harness.pipeline import run_scenario
-from harness.results import as_plain
-from harness.scenario_file import load_file
+from harness.run.pipeline import run_scenario
+from harness.report.results import as_plain
+from harness.run.scenario_file import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 VERDICTS = json.loads((ROOT / "tests" / "data" / "gpu_verdicts.json").read_text())

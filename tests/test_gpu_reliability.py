@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.pipeline import run_scenario
-from harness.scenario import (
+from harness.run.pipeline import run_scenario
+from harness.records.scenario import (
     Backend,
     Expect,
     Fault,
@@ -14,7 +14,7 @@ from harness.scenario import (
     Request,
     Scenario,
 )
-from harness.scenario_file import default_files, load_files
+from harness.run.scenario_file import default_files, load_files
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import gpu_workers as gw
+from harness.frontends import gpu_workers as gw
 
 SAMPLES = Path(__file__).resolve().parent.parent / "reports" / "samples"
 GPUS = ["GPU-aaaa-0000", "GPU-bbbb-1111", "GPU-cccc-2222", "GPU-dddd-3333"]

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from harness.analysis import RaceKind
-from harness.cli import main
+from harness.records.analysis import RaceKind
+from harness.frontends.cli import main
 from harness.devices.sim import SimDevice
-from harness.loadback import plan_copies, stale_by_chunk
-from harness.mutants import Outcome, Role, classify, matrix_ok
-from harness.pipeline import Bench, ScenarioResult, run_scenario
-from harness.scenario import (
+from harness.protocol.loadback import plan_copies, stale_by_chunk
+from harness.run.mutants import Outcome, Role, classify, matrix_ok
+from harness.run.pipeline import Bench, ScenarioResult, run_scenario
+from harness.records.scenario import (
     Backend,
     Expect,
     Fault,
@@ -21,7 +21,7 @@ from harness.scenario import (
     Request,
     Scenario,
 )
-from harness.scenario_file import SCENARIO_DIR, load_file
+from harness.run.scenario_file import SCENARIO_DIR, load_file
 
 HYBRID = ModelShape(layers="AMAM", hidden=64, heads=2, kv_heads=1, head_dim=32, state=4)
 BATCH = (Request(48, 4), Request(16, 2))

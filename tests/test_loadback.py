@@ -1,16 +1,16 @@
-"""Load-back bookkeeping (`harness.loadback`) and pool layout / accessors (`harness.pools`)."""
+"""Load-back bookkeeping (`harness.protocol.loadback`) and pool layout / accessors (`harness.protocol.pools`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.accessors import kv_only, no_waits, per_layer
+from harness.protocol.accessors import kv_only, no_waits, per_layer
 from harness.devices.sim import SimDevice
-from harness.faults import FaultPlan
-from harness.loadback import RING, LayerDoneCounter, SlotReusedEarly, plan_copies
-from harness.pipeline import Bench
-from harness.pools import PageAllocator, plan_layout
-from harness.scenario import (
+from harness.records.faults import FaultPlan
+from harness.protocol.loadback import RING, LayerDoneCounter, SlotReusedEarly, plan_copies
+from harness.run.pipeline import Bench
+from harness.protocol.pools import PageAllocator, plan_layout
+from harness.records.scenario import (
     Backend,
     DelayWhere,
     DType,
@@ -22,8 +22,8 @@ from harness.scenario import (
     Scenario,
     kv_slots_needed,
 )
-from harness.schedules import start_loading
-from harness.trace import Copy, Delay, Pool, Record, Region, Wait
+from harness.protocol.schedules import start_loading
+from harness.records.trace import Copy, Delay, Pool, Record, Region, Wait
 
 SHAPE = ModelShape(
     layers="AMAM", hidden=16, heads=2, kv_heads=1, head_dim=8, state=4, conv=3, expand=2,

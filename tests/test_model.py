@@ -1,15 +1,15 @@
-"""The model's math against the float64 reference (`harness.reference`), on the sim."""
+"""The model's math against the float64 reference (`harness.model.reference`), on the sim."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import harness.model
+import harness.model.stack
 from harness.devices.sim import SimDevice
-from harness.pipeline import Bench, ground_truth
-from harness.reference import reference_for
-from harness.scenario import Backend, DType, Expect, ModelShape, Request, Scenario
+from harness.run.pipeline import Bench, ground_truth
+from harness.model.reference import reference_for
+from harness.records.scenario import Backend, DType, Expect, ModelShape, Request, Scenario
 
 BATCH = (Request(prefix=5, new=3), Request(prefix=2, new=6))
 FP32 = dict(rtol=1e-4, atol=1e-4)
@@ -74,16 +74,16 @@ def test_attention_without_causal_mask_fails(monkeypatch):
         scores = torch.einsum("thd,shd->hts", q.float(), kf) / q.shape[2] ** 0.5
         return torch.einsum("hts,shd->thd", scores.softmax(-1), vf).reshape(q.shape[0], -1)
 
-    monkeypatch.setattr(harness.model, "attention", no_mask)
+    monkeypatch.setattr(harness.model.stack, "attention", no_mask)
     probes, ref = run_model(scenario("AMAM"))
     with pytest.raises(AssertionError):
         torch.testing.assert_close(probes.out.double(), ref["out"], **FP32)
 
 
 def test_mamba_ignoring_incoming_state_fails(monkeypatch):
-    real = harness.model.mamba_mix
+    real = harness.model.stack.mamba_mix
     monkeypatch.setattr(
-        harness.model, "mamba_mix", lambda u, conv, ssm, w: real(u, conv, torch.zeros_like(ssm), w)
+        harness.model.stack, "mamba_mix", lambda u, conv, ssm, w: real(u, conv, torch.zeros_like(ssm), w)
     )
     probes, ref = run_model(scenario("M"))
     with pytest.raises(AssertionError):
@@ -96,9 +96,9 @@ def test_reference_is_not_the_model(monkeypatch):
     """Breaking the model's math leaves the reference unchanged (no shared code)."""
     sc = scenario("AMAM")
     _, before = run_model(sc)
-    monkeypatch.setattr(harness.model, "attention", lambda *a: (_ for _ in ()).throw(RuntimeError))
-    monkeypatch.setattr(harness.model, "mamba_mix", lambda *a: (_ for _ in ()).throw(RuntimeError))
-    monkeypatch.setattr(harness.model, "rms_norm", lambda *a: (_ for _ in ()).throw(RuntimeError))
+    monkeypatch.setattr(harness.model.stack, "attention", lambda *a: (_ for _ in ()).throw(RuntimeError))
+    monkeypatch.setattr(harness.model.stack, "mamba_mix", lambda *a: (_ for _ in ()).throw(RuntimeError))
+    monkeypatch.setattr(harness.model.stack, "rms_norm", lambda *a: (_ for _ in ()).throw(RuntimeError))
     b = Bench.build(sc, SimDevice())
     after = reference_for(b.layout, sc.seed, b.host)
     torch.testing.assert_close(after["out"], before["out"], **EXACT)

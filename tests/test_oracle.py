@@ -11,10 +11,10 @@ import math
 import pytest
 import torch
 
-from harness.model import ProbeSet
-from harness.oracle import Oracle, ReplayVerdict, Tally, build_units
-from harness.pools import plan_layout
-from harness.scenario import DType, ModelShape, Request, Tolerance
+from harness.model.stack import ProbeSet
+from harness.run.oracle import Oracle, ReplayVerdict, Tally, build_units
+from harness.protocol.pools import plan_layout
+from harness.records.scenario import DType, ModelShape, Request, Tolerance
 
 SHAPE = ModelShape(
     layers="AMAM", hidden=16, heads=2, kv_heads=1, head_dim=8, state=4, conv=3, expand=2,

@@ -7,13 +7,13 @@ import textwrap
 
 import pytest
 
-from harness.cli import main
+from harness.frontends.cli import main
 from harness.devices.sim import SimDevice
-from harness.errors import InputError
-from harness.fences import FENCES
-from harness.pipeline import run_scenario
-from harness.plugins import Kind, resolve
-from harness.scenario_file import parse_text
+from harness.records.errors import InputError
+from harness.protocol.fences import FENCES
+from harness.run.pipeline import run_scenario
+from harness.run.plugins import Kind, resolve
+from harness.run.scenario_file import parse_text
 
 EXAMPLE = "harness.examples.plugins"
 

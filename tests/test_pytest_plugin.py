@@ -1,6 +1,6 @@
 """The pytest plugin, driven through pytester on the CPU simulator.
 
-Each run loads the plugin with `-p harness.pytest_plugin`, as a GPU runner without
+Each run loads the plugin with `-p harness.frontends.pytest_plugin`, as a GPU runner without
 the package installed does; the entry-point route is checked with a stand-in
 distribution on the path.
 """
@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 import harness
-from harness.pytest_plugin import settings
+from harness.frontends.pytest_plugin import settings
 
 pytest_plugins = ["pytester"]
 
 ROOT = Path(harness.__file__).resolve().parent.parent
-PLUGIN = ("-p", "harness.pytest_plugin")
+PLUGIN = ("-p", "harness.frontends.pytest_plugin")
 
 TINY = (Path(__file__).parent / "data" / "tiny_attention.toml").read_text()
 
@@ -234,7 +234,7 @@ def test_a_bad_scenario_file_is_a_usage_error_with_the_harness_message(pytester)
 def test_fixtures_for_hand_written_race_tests(pytester, tiny):
     pytester.makepyfile(
         """
-        from harness.scenario_file import load_file
+        from harness.run.scenario_file import load_file
 
         RACE, FENCED = load_file("race.toml")
 
@@ -265,7 +265,7 @@ def entry_point(pytester):
     """A stand-in installed distribution whose pytest11 entry point is the plugin."""
     info = pytester.mkdir("fence_harness_stub-0.0.dist-info")
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fence-harness-stub\nVersion: 0.0\n")
-    (info / "entry_points.txt").write_text("[pytest11]\nfence_harness = harness.pytest_plugin\n")
+    (info / "entry_points.txt").write_text("[pytest11]\nfence_harness = harness.frontends.pytest_plugin\n")
     pytester.syspathinsert()
 
 
@@ -275,7 +275,7 @@ def test_entry_point_and_explicit_loading_do_not_clash(pytester, monkeypatch, ti
     if how == "and -p":
         args = [*PLUGIN, *args]
     elif how == "and PYTEST_PLUGINS":  # registered after the entry point, the other way round
-        monkeypatch.setenv("PYTEST_PLUGINS", "harness.pytest_plugin")
+        monkeypatch.setenv("PYTEST_PLUGINS", "harness.frontends.pytest_plugin")
     result = pytester.runpytest(*args)
     result.assert_outcomes(passed=2)
 

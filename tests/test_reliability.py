@@ -23,11 +23,12 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from harness import cli, pipeline
-from harness.cli import main
+from harness.frontends import cli
+from harness.run import pipeline
+from harness.frontends.cli import main
 from harness.devices.sim import SimDevice
-from harness.errors import InputError, ReplayTimeout
-from harness.scenario_file import load_files
+from harness.records.errors import InputError, ReplayTimeout
+from harness.run.scenario_file import load_files
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD = ROOT / "tests" / "data" / "bad_scenarios"
@@ -85,7 +86,7 @@ def one_stderr_line(err: str) -> str:
 # interpreter per file would import torch every time (about a second apiece).
 DRIVER = r"""
 import json, os, runpy, sys, traceback
-import harness.cli  # noqa: F401 - imported once, before the forks
+import harness.frontends.cli  # noqa: F401 - imported once, before the forks
 
 def run(argv, log):
     pid = os.fork()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import HarnessError
+from harness.records.errors import HarnessError
 from harness.report.cli import add_commands, append_step_summary, write_all
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,7 +143,7 @@ def test_an_unwritable_step_summary_is_a_warning(tmp_path, monkeypatch, capsys):
 
 
 def _main_has_report_commands() -> bool:
-    from harness.cli import _parser
+    from harness.frontends.cli import _parser
 
     with contextlib.redirect_stderr(io.StringIO()):
         try:
@@ -156,7 +156,7 @@ def _main_has_report_commands() -> bool:
 def test_the_main_cli_runs_them(pair, tmp_path, capsys):
     if not _main_has_report_commands():
         pytest.skip("harness/cli.py does not register the report commands (add_commands) yet")
-    from harness.cli import main
+    from harness.frontends.cli import main
 
     doc, new, baseline = pair
     assert main(["compare", str(new), str(baseline)]) == 0

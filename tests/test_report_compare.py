@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import InputError
+from harness.records.errors import InputError
 from harness.report.compare import compare
 from harness.report.schema import load
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import harness.report
-import harness.results
+import harness.report.results
 from harness.report.html import render_html, write_html
 from harness.report.schema import load
 from harness.report.summary import render_summary, write_summary
@@ -159,7 +159,7 @@ def _boom(*args, **kwargs):
 def test_a_crash_mid_write_keeps_the_previous_file(tmp_path, monkeypatch, where, writer):
     path = tmp_path / "out"
     path.write_text("previous report\n")
-    monkeypatch.setattr(harness.results.os, where, _boom)
+    monkeypatch.setattr(harness.report.results.os, where, _boom)
     with pytest.raises(OSError, match="disk full"):
         writer(SAMPLE, path)
     assert path.read_text() == "previous report\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import InputError
+from harness.records.errors import InputError
 from harness.report.schema import ReportInputError, load, validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,9 +22,9 @@ TINY = (ROOT / "tests" / "data" / "tiny.toml").read_text()  # the CLI tests' sce
 
 def test_a_document_the_harness_builds_survives_json_and_validates(tmp_path):
     from harness.devices import open_device
-    from harness.pipeline import run_scenario
-    from harness.results import build_results, write_results
-    from harness.scenario_file import parse_text
+    from harness.run.pipeline import run_scenario
+    from harness.report.results import build_results, write_results
+    from harness.run.scenario_file import parse_text
 
     dev = open_device("sim", [])
     started = time.time()

@@ -13,8 +13,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from harness.errors import InputError
-from harness.scenario import (
+from harness.records.errors import InputError
+from harness.records.scenario import (
     Backend,
     DelayWhere,
     DType,
@@ -26,7 +26,7 @@ from harness.scenario import (
     Scenario,
     Tolerance,
 )
-from harness.scenario_file import (
+from harness.run.scenario_file import (
     _MODEL_FIELDS,
     _SCENARIO_FIELDS,
     default_files,

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from harness.devices.sim import CaptureInvalidated, SimCosts, SimDevice
-from harness.loadback import LayerDoneCounter
-from harness.trace import Access, Copy, Delay, HostSync, Record, Region, Replay, Wait
+from harness.protocol.loadback import LayerDoneCounter
+from harness.records.trace import Access, Copy, Delay, HostSync, Record, Region, Replay, Wait
 
 POISON = -1.0
 REGION = Region("k", 0, 0, 4)

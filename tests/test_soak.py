@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import soak
-from harness.cli import DeviceLost, main
-from harness.pipeline import ScenarioResult
-from harness.scenario import Backend, Expect, Fault, FaultKind
+from harness.frontends import soak
+from harness.frontends.cli import DeviceLost, main
+from harness.run.pipeline import ScenarioResult
+from harness.records.scenario import Backend, Expect, Fault, FaultKind
 
 REAL_DRAW = soak.draw
 

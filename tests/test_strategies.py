@@ -1,4 +1,4 @@
-"""Fence strategies (`harness.fences`), the strategy check and the benchmark, on the simulator."""
+"""Fence strategies (`harness.protocol.fences`), the strategy check and the benchmark, on the simulator."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from harness.analysis import find_races
-from harness.bench import ARMS, BASELINES, Point, Stats, bench_point, sweep
-from harness.clocks import StreamClocks
+from harness.records.analysis import find_races
+from harness.run.benchmark import ARMS, BASELINES, Point, Stats, bench_point, sweep
+from harness.records.clocks import StreamClocks
 from harness.devices.sim import SimDevice
-from harness.fence_commands import FENCE_MUTANTS, Cell, cmd_fences, race_scenarios
-from harness.fences import STRATEGIES
-from harness.pipeline import run_scenario
-from harness.scenario import (
+from harness.frontends.fence_commands import FENCE_MUTANTS, Cell, cmd_fences, race_scenarios
+from harness.protocol.fences import STRATEGIES
+from harness.run.pipeline import run_scenario
+from harness.records.scenario import (
     Backend,
     Expect,
     Fault,
@@ -23,7 +23,7 @@ from harness.scenario import (
     Request,
     Scenario,
 )
-from harness.trace import HostWait, Replay, Wait
+from harness.records.trace import HostWait, Replay, Wait
 
 SMALL = ModelShape(layers="AMAM", hidden=64, heads=2, kv_heads=1, head_dim=32, state=4)
 
@@ -87,7 +87,7 @@ def test_the_strategy_check_covers_races_and_fence_mutants(tmp_path, monkeypatch
     # Run it on two small scenarios only (the whole set runs on the GPU and in `make bench`).
     small = [race(Fault(FaultKind.GATE)).with_overrides(name="a"),
              race(Fault(FaultKind.DELAY, 300.0)).with_overrides(name="b")]
-    monkeypatch.setattr("harness.fence_commands.race_scenarios", lambda: small)
+    monkeypatch.setattr("harness.frontends.fence_commands.race_scenarios", lambda: small)
     args = argparse.Namespace(device="sim", sim_costs=[], replays=2, timeout=30.0, out=tmp_path)
     assert cmd_fences(args) == 0
     cells = json.loads((tmp_path / "results.json").read_text())["strategies"]["cells"]

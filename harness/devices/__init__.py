@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from harness.devices.base import Device, Event, Graph, Stream, dtype_of
-from harness.errors import InputError
+from harness.records.errors import InputError
 
 DEVICE_NAMES = ("auto", "cuda", "sim")
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.errors import HarnessError
-from harness.trace import Access, HostWait, Op, Region, Replay, Span, Trace
+from harness.records.errors import HarnessError
+from harness.records.trace import Access, HostWait, Op, Region, Replay, Span, Trace
 
 
 class GateUnavailable(HarnessError):

@@ -25,8 +25,8 @@ from harness.devices.base import (
     Stream,
     _Capture,
 )
-from harness.errors import DeviceUnavailable, HarnessError, ReplayTimeout
-from harness.trace import Copy, Delay, Hold, HostSync, Record, Region, Wait
+from harness.records.errors import DeviceUnavailable, HarnessError, ReplayTimeout
+from harness.records.trace import Copy, Delay, Hold, HostSync, Record, Region, Wait
 
 
 class CudaStream(Stream):

@@ -24,10 +24,10 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from harness.clocks import Clock, Stamp, StreamClocks
+from harness.records.clocks import Clock, Stamp, StreamClocks
 from harness.devices.base import Device, Event, Gate, Graph, Stream, _Capture
-from harness.errors import HarnessError, InputError
-from harness.trace import Copy, Delay, Hold, HostSync, HostWait, Record, Region, Wait
+from harness.records.errors import HarnessError, InputError
+from harness.records.trace import Copy, Delay, Hold, HostSync, HostWait, Record, Region, Wait
 
 
 @dataclass(frozen=True)

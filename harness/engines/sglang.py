@@ -24,7 +24,7 @@ import functools
 from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
 
-from harness.errors import InputError
+from harness.records.errors import InputError
 
 CONTROLLER = "sglang.srt.managers.cache_controller"
 RUNNER = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner"
@@ -113,7 +113,7 @@ def stand_in_runner(full_backend: bool, counter) -> SimpleNamespace:
 
 def engine_fence(ctx) -> None:
     """The engine's own fence, `PrefillCudaGraphRunner._wait_for_layer_loads`, before replay."""
-    from harness.runners import FullGraphRunner
+    from harness.model.runners import FullGraphRunner
 
     load().wait_for_layer_loads(stand_in_runner(isinstance(ctx.runner, FullGraphRunner), ctx.counter))
 
@@ -124,7 +124,7 @@ def _reverted(self) -> None:
 
 def engine_reverted_fence(ctx) -> None:
     """The same call with the engine's fence replaced by a no-op (the fix reverted)."""
-    from harness.runners import FullGraphRunner
+    from harness.model.runners import FullGraphRunner
 
     load()
     _reverted(stand_in_runner(isinstance(ctx.runner, FullGraphRunner), ctx.counter))

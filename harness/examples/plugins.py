@@ -9,9 +9,9 @@ Point a scenario at them by path, as a user points at their own module:
 
 from __future__ import annotations
 
-from harness.fences import FenceContext
-from harness.loadback import LayerDoneCounter
-from harness.schedules import LoadOp
+from harness.protocol.fences import FenceContext
+from harness.protocol.loadback import LayerDoneCounter
+from harness.protocol.schedules import LoadOp
 
 
 def every_layer_fence(ctx: FenceContext) -> None:

@@ -16,7 +16,7 @@ from html import escape
 from pathlib import Path
 
 from harness.report.summary import headline, observed_text, stale_text, variant_label
-from harness.results import write_atomic
+from harness.report.results import write_atomic
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 76em; padding: 0 1em; color: #222; }

@@ -46,8 +46,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.errors import InputError
-from harness.results import SCHEMA_VERSION
+from harness.records.errors import InputError
+from harness.report.results import SCHEMA_VERSION
 
 
 class ReportInputError(InputError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.results import write_atomic
+from harness.report.results import write_atomic
 
 
 def headline(doc: dict) -> str:

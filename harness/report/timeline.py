@@ -12,7 +12,7 @@ import math
 import re
 from pathlib import Path
 
-from harness.results import write_atomic
+from harness.report.results import write_atomic
 
 PID = 1
 _LAYER = re.compile(r"\bL(\d+)\b")

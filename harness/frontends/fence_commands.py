@@ -5,7 +5,7 @@ mutant whose defect is its fence, is run with every fence strategy in place of
 its own. `none` must be caught on every one; every correct strategy must be clean
 on every one (no stale replay, no analyser finding). Exit 1 otherwise.
 
-bench: see `harness.bench`. Prints a table per point and writes the `bench`
+bench: see `harness.run.benchmark`. Prints a table per point and writes the `bench`
 section of results.json; exit 0 (a benchmark measures, it does not judge).
 """
 
@@ -16,18 +16,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.cli_args import device_arguments, positive_int
+from harness.frontends.cli_args import device_arguments, positive_int
 from harness.devices import open_device
-from harness.fences import STRATEGIES
-from harness.pipeline import ScenarioResult, run_scenario
-from harness.scenario import Backend, Expect, Scenario
+from harness.protocol.fences import STRATEGIES
+from harness.run.pipeline import ScenarioResult, run_scenario
+from harness.records.scenario import Backend, Expect, Scenario
 
 # Kill-matrix mutants whose only defect is the fence: a correct strategy in its place fixes them.
 FENCE_MUTANTS = ("none", "first_event", "wrong_stream", "previous_op")
 
 
 def race_scenarios() -> list[Scenario]:
-    from harness.scenario_file import SCENARIO_DIR, default_files, load_files
+    from harness.run.scenario_file import SCENARIO_DIR, default_files, load_files
 
     scenarios = [s for s in load_files(default_files())
                  if s.expect is Expect.RACE and s.backend is Backend.FULL]
@@ -62,7 +62,7 @@ def cell(r: ScenarioResult, base: str) -> Cell:
 
 
 def cmd_fences(args: argparse.Namespace) -> int:
-    from harness.results import as_plain, build_results, write_results
+    from harness.report.results import as_plain, build_results, write_results
 
     dev = open_device(args.device, args.sim_costs)
     strategies = ["none", *STRATEGIES]
@@ -94,8 +94,8 @@ def cmd_fences(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from harness.bench import ARMS, DEFAULT_POINT, bench_point, sweep
-    from harness.results import build_results, write_results
+    from harness.run.benchmark import ARMS, DEFAULT_POINT, bench_point, sweep
+    from harness.report.results import build_results, write_results
 
     dev = open_device(args.device, args.sim_costs)
     points = [DEFAULT_POINT] if args.points == "default" else sweep()

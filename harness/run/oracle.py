@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.pools import Layout
-from harness.scenario import Tolerance
-from harness.trace import Pool
+from harness.protocol.pools import Layout
+from harness.records.scenario import Tolerance
+from harness.records.trace import Pool
 
 READ, FINAL, OUTPUT = "read", "final", "output"
 

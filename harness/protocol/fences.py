@@ -28,12 +28,12 @@ from harness.engines.sglang import (  # imports no engine until called
     engine_fence,
     engine_reverted_fence,
 )
-from harness.loadback import RING, LayerDoneCounter, LayerLoadingEvent
+from harness.protocol.loadback import RING, LayerDoneCounter, LayerLoadingEvent
 
 if TYPE_CHECKING:
-    from harness.model import HybridModel
-    from harness.pools import HybridPool
-    from harness.runners import Runner
+    from harness.model.stack import HybridModel
+    from harness.protocol.pools import HybridPool
+    from harness.model.runners import Runner
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class EagerFallbackFence:
     """A batch with a pending load runs the breakable path (waits fire) instead of the graph."""
 
     def setup(self, s: FenceSetup) -> None:
-        from harness.runners import BreakableRunner
+        from harness.model.runners import BreakableRunner
 
         self.fallback = BreakableRunner(s.dev, s.model, s.counter)
         self.fallback.prepare()

@@ -25,12 +25,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.cli import DeviceLost, interrupt_signal, run_one
-from harness.cli_args import device_arguments, positive_float, positive_int
-from harness.console import plain_line
+from harness.frontends.cli import DeviceLost, interrupt_signal, run_one
+from harness.frontends.cli_args import device_arguments, positive_float, positive_int
+from harness.frontends.console import plain_line
 from harness.devices import open_device
-from harness.pipeline import ScenarioResult
-from harness.scenario import (
+from harness.run.pipeline import ScenarioResult
+from harness.records.scenario import (
     Backend,
     DelayWhere,
     DType,
@@ -200,7 +200,7 @@ def _soak(soak: Soak, args: argparse.Namespace, deadline: float) -> None:
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
-    from harness.results import build_results, write_results
+    from harness.report.results import build_results, write_results
 
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     dev = open_device(args.device, args.sim_costs)  # bad input and a missing device fail here

@@ -11,7 +11,7 @@ touches a device, so all of it is tested on the CPU.
 - chunked: each layer's copies split into `chunks` parts, `us` before every
            part after the first: a read can find a layer partly loaded.
 - gate:    the load stream waits on a host-released gate before its copies; the
-           pipeline releases it after the replay ran (see `harness.pipeline`).
+           pipeline releases it after the replay ran (see `harness.run.pipeline`).
 - sweep:   one delay plan per point of `points` (detection against delay).
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from harness.scenario import DelayWhere, Fault, FaultKind
+from harness.records.scenario import DelayWhere, Fault, FaultKind
 
 # Where the CUDA gate cannot be built (cuda.bindings missing), a delay this long
 # before layer 0 stands in for it: far longer than any small replay.

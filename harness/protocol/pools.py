@@ -8,7 +8,7 @@ request's cached prefix KV and Mamba state for load-back.
 The accessors are the engine's waiting points: KV `get_key_buffer` /
 `get_value_buffer` and the hybrid pool's Mamba layer cache run the accessor
 wait policy (the engine's: `LayerDoneCounter.wait_until(layer_id)`) before
-handing out the buffer; see `harness.accessors`.
+handing out the buffer; see `harness.protocol.accessors`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.accessors import AccessorPolicy, per_layer
+from harness.protocol.accessors import AccessorPolicy, per_layer
 from harness.devices.base import Device, dtype_of
-from harness.loadback import LayerDoneCounter
-from harness.scenario import ModelShape, Request, kv_slots_needed
-from harness.trace import Pool, Region
+from harness.protocol.loadback import LayerDoneCounter
+from harness.records.scenario import ModelShape, Request, kv_slots_needed
+from harness.records.trace import Pool, Region
 
 
 @dataclass(frozen=True)

@@ -20,20 +20,20 @@ from pathlib import Path
 
 import torch
 
-from harness.cli_args import device_arguments, positive_int
-from harness.console import RunConsole, plain_line
+from harness.frontends.cli_args import device_arguments, positive_int
+from harness.frontends.console import RunConsole, plain_line
 from harness.devices import open_device
 from harness.engines import ENGINES
-from harness.errors import HarnessError, InputError
-from harness.fence_commands import HANDLERS as FENCE_HANDLERS
-from harness.fence_commands import add_commands as add_fence_commands
-from harness.oracle import ReplayVerdict
-from harness.pipeline import ScenarioResult, run_scenario
-from harness.plugins import Kind, resolve
+from harness.records.errors import HarnessError, InputError
+from harness.frontends.fence_commands import HANDLERS as FENCE_HANDLERS
+from harness.frontends.fence_commands import add_commands as add_fence_commands
+from harness.run.oracle import ReplayVerdict
+from harness.run.pipeline import ScenarioResult, run_scenario
+from harness.run.plugins import Kind, resolve
 from harness.report.cli import HANDLERS as REPORT_HANDLERS
 from harness.report.cli import add_commands as add_report_commands
-from harness.scenario import Scenario
-from harness.trace import describe
+from harness.records.scenario import Scenario
+from harness.records.trace import describe
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     common(repro)
     add_report_commands(sub)
     add_fence_commands(sub)
-    from harness import soak  # here, not at the top: soak builds on this module
+    from harness.frontends import soak  # here, not at the top: soak builds on this module
 
     soak.add_command(sub)
     return p
@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _load(files: list[Path], args: argparse.Namespace, default: list[Path] | None = None) -> list[Scenario]:
     """The scenarios of the files, with the command line's fence / accessor / schedule."""
-    from harness.scenario_file import default_files, load_files
+    from harness.run.scenario_file import default_files, load_files
 
     scenarios = load_files(files or default or default_files())
     overrides = {}
@@ -216,7 +216,7 @@ def _write_partial(run: _Run, device: dict, out: Path, sections: dict | None = N
     report.html are not rebuilt here (`fence-harness report` makes them from the file):
     a run being stopped should stop soon.
     """
-    from harness.results import build_results, write_results
+    from harness.report.results import build_results, write_results
 
     if run.results:
         partial = {"partial": True, "interrupted": run.stopped,
@@ -231,7 +231,7 @@ def _write_partial(run: _Run, device: dict, out: Path, sections: dict | None = N
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from harness.results import build_results, write_results
+    from harness.report.results import build_results, write_results
 
     scenarios = _load(args.files, args)
     dev = open_device(args.device, args.sim_costs)
@@ -247,9 +247,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_mutants(args: argparse.Namespace) -> int:
-    from harness.mutants import Role, classify, matrix_ok, matrix_section
-    from harness.results import build_results, write_results
-    from harness.scenario_file import SCENARIO_DIR
+    from harness.run.mutants import Role, classify, matrix_ok, matrix_section
+    from harness.report.results import build_results, write_results
+    from harness.run.scenario_file import SCENARIO_DIR
 
     scenarios = _load(args.files, args, sorted((SCENARIO_DIR / "mutants").glob("*.toml")))
     dev = open_device(args.device, args.sim_costs)
@@ -329,7 +329,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.soak import cmd_soak
+    from harness.frontends.soak import cmd_soak
 
     args = _parser().parse_args(argv)
     try:

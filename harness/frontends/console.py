@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import IO
 
-from harness.pipeline import ScenarioResult
+from harness.run.pipeline import ScenarioResult
 
 try:
     from rich import box

@@ -12,8 +12,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from harness.pipeline import ScenarioResult
-from harness.scenario import Expect
+from harness.run.pipeline import ScenarioResult
+from harness.records.scenario import Expect
 
 
 class Role(str, enum.Enum):
@@ -82,6 +82,6 @@ def matrix_ok(rows: list[MatrixRow]) -> bool:
 
 def matrix_section(rows: list[MatrixRow]) -> dict:
     """The `mutants` section of results.json for these rows, in their order."""
-    from harness.results import as_plain
+    from harness.report.results import as_plain
 
     return {"mutants": {"matrix": [{**as_plain(row), "stale_rate": row.stale_rate} for row in rows]}}

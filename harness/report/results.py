@@ -21,7 +21,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from harness.pipeline import ScenarioResult
+from harness.run.pipeline import ScenarioResult
 from harness.report.environment import collect_environment
 
 SCHEMA_VERSION = 1

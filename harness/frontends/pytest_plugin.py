@@ -1,7 +1,7 @@
 """pytest plugin: scenario files as test items, fixtures for race tests, results.json.
 
 Loaded by the `fence_harness` pytest11 entry point where the package is
-installed, or with `-p harness.pytest_plugin` where it is only on the path.
+installed, or with `-p harness.frontends.pytest_plugin` where it is only on the path.
 
     pytest --harness-scenarios scenarios/default.toml [--harness-device sim]
            [--harness-replays N] [--harness-report DIR] [-n N]
@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from harness import gpu_workers
+from harness.frontends import gpu_workers
 
 ENTRY_POINT = "fence_harness"
 PARTS_KEY = "fence_harness_parts"  # workerinput: where a worker writes its part
@@ -45,7 +45,7 @@ FINDINGS_SHOWN = 3
 
 
 def pytest_plugin_registered(plugin: Any, manager: pytest.PytestPluginManager) -> None:
-    # The entry point and `-p harness.pytest_plugin` name this one module twice, and
+    # The entry point and `-p harness.frontends.pytest_plugin` name this one module twice, and
     # pluggy refuses a plugin registered under a second name: the first name blocks the other.
     if plugin is not sys.modules[__name__]:
         return
@@ -181,11 +181,11 @@ def read_settings(config: pytest.Config, environ: dict[str, str]) -> Settings:
 @dataclass
 class _State:
     settings: Settings
-    scenarios: list = field(default_factory=list)  # harness.scenario.Scenario, in file order
+    scenarios: list = field(default_factory=list)  # harness.records.scenario.Scenario, in file order
     files: set[Path] = field(default_factory=set)  # the scenario files, resolved
     matrix_files: set[Path] = field(default_factory=set)  # those of them that are kill-matrix files
     results: dict = field(default_factory=dict)  # name -> ScenarioResult, in run order
-    matrix_rows: dict = field(default_factory=dict)  # name -> harness.mutants.MatrixRow, kill-matrix items
+    matrix_rows: dict = field(default_factory=dict)  # name -> harness.run.mutants.MatrixRow, kill-matrix items
     started: float = field(default_factory=time.time)  # the session's start
     parts_dir: Path | None = None  # controller under xdist: where workers write their parts
     report_path: Path | None = None
@@ -252,8 +252,8 @@ def pytest_configure(config: pytest.Config) -> None:
     paths = state.settings.scenarios + state.settings.mutants
     if not paths:
         return
-    from harness.errors import InputError
-    from harness.scenario_file import load_files
+    from harness.records.errors import InputError
+    from harness.run.scenario_file import load_files
 
     try:  # one load: a name used in two files is an error, as it is for `fence-harness run`
         state.scenarios = load_files(paths)
@@ -322,8 +322,8 @@ class ScenarioItem(pytest.Item):
         self.kill_matrix = kill_matrix
 
     def runtest(self) -> None:
-        from harness.errors import HarnessError
-        from harness.pipeline import run_scenario
+        from harness.records.errors import HarnessError
+        from harness.run.pipeline import run_scenario
 
         state = _state(self.config)
         try:
@@ -334,7 +334,7 @@ class ScenarioItem(pytest.Item):
         state.results[self.scenario.name] = result
         self.user_properties.extend(junit_properties(result, state.describe(), state.gpu_uuid()))
         if self.kill_matrix:
-            from harness.mutants import classify
+            from harness.run.mutants import classify
 
             row = state.matrix_rows[self.scenario.name] = classify(result)
             self.user_properties.append(("kill_matrix", row.outcome.value))
@@ -401,7 +401,7 @@ def junit_properties(result, description: dict, gpu_uuid: str | None) -> list[tu
 @pytest.fixture(scope="session")
 def harness_device(pytestconfig: pytest.Config):
     """The device the session runs on (--harness-device), opened once."""
-    from harness.errors import HarnessError
+    from harness.records.errors import HarnessError
 
     try:
         return _state(pytestconfig).device()
@@ -412,7 +412,7 @@ def harness_device(pytestconfig: pytest.Config):
 @pytest.fixture(scope="session")
 def run_harness_scenario(pytestconfig: pytest.Config, harness_device):
     """run(scenario, **kwargs) -> ScenarioResult, with --harness-replays unless kwargs say otherwise."""
-    from harness.pipeline import run_scenario
+    from harness.run.pipeline import run_scenario
 
     replays = _state(pytestconfig).settings.replays
 
@@ -426,7 +426,7 @@ def run_harness_scenario(pytestconfig: pytest.Config, harness_device):
 @pytest.fixture(scope="session")
 def harness_ground_truth(harness_device):
     """build(scenario, timeout_s=30.0) -> (bench, oracle): the built bench and its eager ground truth."""
-    from harness.pipeline import Bench, ground_truth
+    from harness.run.pipeline import Bench, ground_truth
 
     def build(scenario, timeout_s: float = 30.0):
         bench = Bench.build(scenario, harness_device)
@@ -484,8 +484,8 @@ def pytest_configure_node(node) -> None:
 
 
 def _own_part(state: _State) -> dict:
-    from harness.mutants import matrix_section
-    from harness.results import build_results
+    from harness.run.mutants import matrix_section
+    from harness.report.results import build_results
 
     rows = list(state.matrix_rows.values())
     return build_results(list(state.results.values()), state.describe(), state.started, time.time(),
@@ -514,7 +514,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if not parts:
         return
     from harness.report.cli import append_step_summary, write_all
-    from harness.results import write_results
+    from harness.report.results import write_results
 
     doc = gpu_workers.merge(parts, order=[s.name for s in state.scenarios], command=sys.argv)
     state.report_path = write_results(state.settings.report, doc)

@@ -19,10 +19,10 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness.accessors import per_layer
+from harness.protocol.accessors import per_layer
 from harness.devices.base import Device
-from harness.faults import FaultPlan
-from harness.fences import (
+from harness.records.faults import FaultPlan
+from harness.protocol.fences import (
     STRATEGIES,
     EagerFallbackFence,
     FenceContext,
@@ -32,9 +32,9 @@ from harness.fences import (
     host_sync_fence,
     no_fence,
 )
-from harness.pipeline import Bench
-from harness.runners import FullGraphRunner, Runner
-from harness.scenario import Backend, Expect, Fault, ModelShape, Request, Scenario
+from harness.run.pipeline import Bench
+from harness.model.runners import FullGraphRunner, Runner
+from harness.records.scenario import Backend, Expect, Fault, ModelShape, Request, Scenario
 
 BASELINES = ("load", "compute")
 ARMS = ("none", *STRATEGIES)

@@ -25,17 +25,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.accessors import per_layer
-from harness.analysis import Finding, find_races
+from harness.protocol.accessors import per_layer
+from harness.records.analysis import Finding, find_races
 from harness.devices.base import Device, Gate, GateUnavailable
-from harness.errors import HarnessError, ReplayTimeout
-from harness.faults import FaultPlan, gate_fallback, sweep_points
-from harness.fences import FenceContext, FenceSetup
-from harness.loadback import LayerDoneCounter, plan_copies
-from harness.model import HybridModel
-from harness.oracle import Oracle, ReplayVerdict, Tally
-from harness.plugins import Kind, resolve
-from harness.pools import (
+from harness.records.errors import HarnessError, ReplayTimeout
+from harness.records.faults import FaultPlan, gate_fallback, sweep_points
+from harness.protocol.fences import FenceContext, FenceSetup
+from harness.protocol.loadback import LayerDoneCounter, plan_copies
+from harness.model.stack import HybridModel
+from harness.run.oracle import Oracle, ReplayVerdict, Tally
+from harness.run.plugins import Kind, resolve
+from harness.protocol.pools import (
     HostPool,
     HybridPool,
     KVPool,
@@ -44,10 +44,10 @@ from harness.pools import (
     plan_layout,
     prefix_regions,
 )
-from harness.runners import RUNNERS, EagerRunner, Runner
-from harness.scenario import Expect, Fault, FaultKind, Hazard, Scenario
-from harness.schedules import LoadOp, layerwise, start_loading
-from harness.trace import Span, Trace
+from harness.model.runners import RUNNERS, EagerRunner, Runner
+from harness.records.scenario import Expect, Fault, FaultKind, Hazard, Scenario
+from harness.protocol.schedules import LoadOp, layerwise, start_loading
+from harness.records.trace import Span, Trace
 
 
 class GateTimeout(HarnessError):

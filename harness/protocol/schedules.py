@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from harness.devices.base import Device, Stream
-from harness.faults import FaultPlan
-from harness.loadback import CopyPlan, LayerCopy, LayerDoneCounter, LayerLoadingEvent
+from harness.records.faults import FaultPlan
+from harness.protocol.loadback import CopyPlan, LayerCopy, LayerDoneCounter, LayerLoadingEvent
 
 
 @dataclass

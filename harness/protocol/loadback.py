@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from harness.devices.base import Device, Event
-from harness.errors import HarnessError
-from harness.trace import Region
+from harness.records.errors import HarnessError
+from harness.records.trace import Region
 
 if TYPE_CHECKING:
-    from harness.pools import HostPool, HybridPool, Layout
+    from harness.protocol.pools import HostPool, HybridPool, Layout
 
 RING = 3  # the engine keeps three event sets: in use, loading, being released
 
@@ -147,7 +147,7 @@ def stale_by_chunk(stale_slots, plan: CopyPlan):
 
 def _layer_copies(layout: "Layout", host: "HostPool", pool: "HybridPool", layer: int):
     """(device view, host view, region) of each whole copy of one layer."""
-    from harness.pools import prefix_regions
+    from harness.protocol.pools import prefix_regions
 
     regions = prefix_regions(layout, layer)
     if layout.shape.layers[layer] == "A":

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from harness.devices.base import Device, dtype_of
-from harness.pools import HybridPool, Layout, prefix_regions
-from harness.trace import Pool, Region
+from harness.protocol.pools import HybridPool, Layout, prefix_regions
+from harness.records.trace import Pool, Region
 
 EPS = 1e-6
 DECAY_RANGE = (0.97, 0.995)  # per-channel SSM decay; keeps a^-T finite in fp32 for T <= 2048

@@ -6,10 +6,10 @@ working directory or the Python path). Resolving imports the module, finds the
 callable and checks that it can be called the way the harness calls it; every
 failure is an `InputError` (one line, exit 2) naming where the name came from.
 
-    fence(ctx: FenceContext) -> Runner | None             harness.fences (or a class
+    fence(ctx: FenceContext) -> Runner | None             harness.protocol.fences (or a class
                                                           with setup(s) and __call__(ctx))
-    accessor(counter, layer_id: int, pool: str) -> None   harness.accessors
-    schedule(op: LoadOp) -> None                          harness.schedules
+    accessor(counter, layer_id: int, pool: str) -> None   harness.protocol.accessors
+    schedule(op: LoadOp) -> None                          harness.protocol.schedules
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.errors import InputError
+from harness.records.errors import InputError
 
 _SPEC_RE = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
 
@@ -51,14 +51,14 @@ _INFO = {
 def builtins(kind: Kind) -> dict[str, Callable]:
     # Imported here: the registries import the device layer, which this module need not.
     if kind is Kind.FENCE:
-        from harness.fences import FENCES
+        from harness.protocol.fences import FENCES
 
         return FENCES
     if kind is Kind.ACCESSOR:
-        from harness.accessors import ACCESSORS
+        from harness.protocol.accessors import ACCESSORS
 
         return ACCESSORS
-    from harness.schedules import SCHEDULES
+    from harness.protocol.schedules import SCHEDULES
 
     return SCHEDULES
 

@@ -12,8 +12,8 @@ Merging: each worker writes its part of the run (a results.json document of the
 scenarios it ran, plus its worker id and GPU UUID) into a folder the controller
 made; the controller merges the parts into one document.
 
-    python -m harness.gpu_workers count    the number of usable GPUs (1 when none)
-    python -m harness.gpu_workers check RESULTS.json
+    python -m harness.frontends.gpu_workers count    the number of usable GPUs (1 when none)
+    python -m harness.frontends.gpu_workers check RESULTS.json
                                            which worker ran on which GPU; exit 1 if two
                                            workers shared a GPU or a scenario is not on its
                                            worker's GPU, 2 if the file is not a valid
@@ -209,12 +209,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if len(argv) == 2 and argv[0] == "check":
         return _check(Path(argv[1]))
-    print("usage: python -m harness.gpu_workers count | check RESULTS.json", file=sys.stderr)
+    print("usage: python -m harness.frontends.gpu_workers count | check RESULTS.json", file=sys.stderr)
     return 2
 
 
 def _check(path: Path) -> int:
-    from harness.errors import InputError
+    from harness.records.errors import InputError
     from harness.report.schema import load
 
     try:

@@ -15,10 +15,10 @@ import abc
 from collections.abc import Callable
 
 from harness.devices.base import Device, Graph
-from harness.errors import HarnessError
-from harness.loadback import LayerDoneCounter
-from harness.model import HybridModel, Step
-from harness.scenario import Backend
+from harness.records.errors import HarnessError
+from harness.protocol.loadback import LayerDoneCounter
+from harness.model.stack import HybridModel, Step
+from harness.records.scenario import Backend
 
 
 class Runner(abc.ABC):

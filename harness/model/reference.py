@@ -2,13 +2,13 @@
 
 Written for clarity, not speed: float64 on the CPU, explicit loops over query
 tokens and heads for attention, and an explicit token-by-token recurrence for
-the Mamba-style layer. It deliberately shares no math with `harness.model`
+the Mamba-style layer. It deliberately shares no math with `harness.model.stack`
 (no `attention`, `mamba_mix` or `rms_norm` from there), so that a test comparing
 the two checks the model rather than the model against itself.
 
 Inputs are the same things the model uses: the seeded weights of
-`harness.model.init_weights` (any dtype; upcast here) and the cached prefix
-K/V and Mamba state as the host pool holds them (`harness.pools.HostPool`):
+`harness.model.stack.init_weights` (any dtype; upcast here) and the cached prefix
+K/V and Mamba state as the host pool holds them (`harness.protocol.pools.HostPool`):
 
     prefix_kv    = (k, v), each [attention layers, total prefix rows, kv_heads, head_dim],
                    request r's rows at r.host_offset .. r.host_offset + len(r.prefix)
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from harness.pools import Layout
+from harness.protocol.pools import Layout
 
 EPS = 1e-6  # RMSNorm epsilon, the same constant the model uses
 F64 = torch.float64
@@ -214,7 +214,7 @@ def reference_forward(
 
 def reference_for(layout: Layout, seed: int, host) -> dict:
     """The reference for a bench's inputs: init_weights(layout, seed) and a HostPool."""
-    from harness.model import (
+    from harness.model.stack import (
         init_weights,  # the seeded weights only; none of the model's math
     )
 

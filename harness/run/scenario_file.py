@@ -32,9 +32,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from harness.errors import InputError
-from harness.plugins import Kind, resolve
-from harness.scenario import (
+from harness.records.errors import InputError
+from harness.run.plugins import Kind, resolve
+from harness.records.scenario import (
     LAYER_KINDS,
     Backend,
     DelayWhere,
@@ -51,7 +51,7 @@ from harness.scenario import (
     kv_slots_needed,
 )
 
-SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 
 MAX_LAYERS = 256
 MAX_REPLAYS = 1_000_000
@@ -561,7 +561,7 @@ def _scenario(
     for key, hint in _REQUIRED_HINTS.items():
         _require(values, key, prefix, hint)
     _check_pools(values["model"], values["batch"], prefix)
-    from harness.fences import ENGINE_FENCES
+    from harness.protocol.fences import ENGINE_FENCES
 
     if values.get("fence") in ENGINE_FENCES and values.get("engine") is None:
         raise _Invalid(

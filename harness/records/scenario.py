@@ -1,7 +1,7 @@
 """Scenario definitions: frozen records of what to build, break and expect.
 
 A scenario is model shape x batch x backend x fence x fault x expectation. The
-TOML loader and its validation live in `harness.scenario_file`; this module only
+TOML loader and its validation live in `harness.run.scenario_file`; this module only
 holds the records and the closed sets of names.
 """
 
@@ -113,7 +113,7 @@ class Request:
 
 @dataclass(frozen=True)
 class Fault:
-    """What the injector does to the load stream; see `harness.faults` for the mechanics.
+    """What the injector does to the load stream; see `harness.records.faults` for the mechanics.
 
     us: the delay (delay, each sweep point), the largest random delay (jitter) or
     the gap before each chunk after a layer's first (chunked).

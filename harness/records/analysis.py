@@ -1,7 +1,7 @@
 """Happens-before race analysis of a recorded `Trace` (pure logic: no torch, no device).
 
 Ops are walked in the order they were enqueued, with the stream clocks of
-`harness.clocks` (copies and accesses stamped, records, waits, host syncs).
+`harness.records.clocks` (copies and accesses stamped, records, waits, host syncs).
 Replay(stream=S, body): the body's ops run as if on S, in order; only body waits
 captured as graph nodes (`in_graph=True`) are honoured. Delay and Hold: nothing.
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from harness.clocks import Stamp, StreamClocks
-from harness.trace import (
+from harness.records.clocks import Stamp, StreamClocks
+from harness.records.trace import (
     Access,
     Copy,
     Delay,

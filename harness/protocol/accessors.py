@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness.loadback import LayerDoneCounter
+from harness.protocol.loadback import LayerDoneCounter
 
 AccessorPolicy = Callable[[LayerDoneCounter, int, str], None]
 

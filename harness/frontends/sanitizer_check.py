@@ -1,6 +1,6 @@
 """Cross-check the analyser against PyTorch's CUDA sanitizer, on a GPU.
 
-    python -m harness.sanitizer_check [--replays N]
+    python -m harness.frontends.sanitizer_check [--replays N]
 
 `torch.cuda._sanitizer` watches kernels launched from Python, so it sees the
 eager and breakable races and cannot see inside a graph replay. Each case runs in
@@ -28,9 +28,9 @@ CASES = [
 
 def _one(name: str, waits: bool, replays: int) -> dict:
     from harness.devices.cuda import CudaDevice
-    from harness.pipeline import run_scenario
-    from harness.scenario import DelayWhere, Fault, FaultKind
-    from harness.scenario_file import default_files, load_files
+    from harness.run.pipeline import run_scenario
+    from harness.records.scenario import DelayWhere, Fault, FaultKind
+    from harness.run.scenario_file import default_files, load_files
 
     scenario = {s.name: s for s in load_files(default_files())}[name].with_overrides(accessor="per_layer" if waits else "none")
     if not waits:  # outlast the eager ops' host launch time, as the eager controls do
@@ -55,7 +55,7 @@ def _one(name: str, waits: bool, replays: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.sanitizer_check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m harness.frontends.sanitizer_check", description=__doc__.splitlines()[0])
     p.add_argument("--replays", type=int, default=3)
     p.add_argument("--one", nargs=2, metavar=("NAME", "on|off"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, disagree = [], 0
     for name, waits in CASES:
         proc = subprocess.run(
-            [sys.executable, "-m", "harness.sanitizer_check", "--replays", str(args.replays),
+            [sys.executable, "-m", "harness.frontends.sanitizer_check", "--replays", str(args.replays),
              "--one", name, "on" if waits else "off"],
             capture_output=True, text=True,
         )
