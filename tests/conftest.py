@@ -18,3 +18,12 @@ def stuck_gate(monkeypatch) -> str:
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "plugins"))
     return "stuck_gate:schedule"
+
+
+@pytest.fixture
+def wayward(monkeypatch) -> str:
+    """The module name of tests/plugins/wayward.py, importable: plugins right and wrong."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "plugins"))
+    return "wayward"

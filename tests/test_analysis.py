@@ -8,7 +8,7 @@ import pytest
 
 from harness.records.analysis import Finding, RaceKind, find_races
 from harness.records.trace import (
-    Access,
+    Kernel,
     Copy,
     Delay,
     HostSync,
@@ -32,11 +32,11 @@ def story(*ops) -> Trace:
 
 
 def read(stream, *regions, what="L0 attention"):
-    return Access(stream, tuple(regions), (), what)
+    return Kernel(stream, tuple(regions), (), what)
 
 
 def write(stream, *regions, what="L0 mamba"):
-    return Access(stream, (), tuple(regions), what)
+    return Kernel(stream, (), tuple(regions), what)
 
 
 # ---- hand-built stories -------------------------------------------------------

@@ -18,7 +18,8 @@ pytest.importorskip("sglang", reason="sglang is not installed here; `make test-e
 from harness.frontends.cli import main  # noqa: E402
 from harness.devices.sim import SimDevice  # noqa: E402
 from harness.engines import sglang as adapter  # noqa: E402
-from harness.run.pipeline import Bench, run_scenario  # noqa: E402
+from harness.run.pipeline import run_scenario
+from harness.run.testbed import Testbed  # noqa: E402
 from harness.records.scenario import Backend, Expect, FaultKind  # noqa: E402
 from harness.run.scenario_file import SCENARIO_DIR, load_file  # noqa: E402
 from harness.records.trace import Wait  # noqa: E402
@@ -44,7 +45,7 @@ def test_the_engine_is_the_pinned_version_with_every_name_the_adapter_needs():
 
 def test_the_counter_and_its_events_are_the_engines_on_the_harness_device():
     dev = SimDevice()
-    b = Bench.build(SCENARIOS[0], dev)
+    b = Testbed(SCENARIOS[0], dev)
     assert type(b.counter).__module__ == adapter.CONTROLLER
     assert type(b.counter.events[0]).__module__ == adapter.CONTROLLER
     assert adapter.load().controller.device_module.dev is dev  # its events are the simulator's

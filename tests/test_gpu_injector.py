@@ -6,7 +6,8 @@ import pytest
 
 from harness.protocol.loadback import plan_copies, stale_by_chunk
 from harness.run.mutants import Role, classify, matrix_ok
-from harness.run.pipeline import Bench, run_scenario
+from harness.run.pipeline import run_scenario
+from harness.run.testbed import Testbed
 from harness.records.scenario import Expect, Fault, FaultKind
 from harness.run.scenario_file import SCENARIO_DIR, default_files, load_file, load_files
 
@@ -42,7 +43,7 @@ def test_gate_makes_full_none_stale_in_every_replay_and_the_fence_clean(cuda):
 def test_chunked_staleness_is_whole_chunks_late_in_copy_order(cuda):
     s = FAULTS["chunked-full-none"]
     assert s.fault == Fault(FaultKind.CHUNKED, 1000.0, chunks=4)  # gaps longer than a replay
-    b = Bench.build(s, cuda)
+    b = Testbed(s, cuda)
     chunks = plan_copies(b.layout, b.host, b.pool, 4)
     verdicts = []
     r = run_scenario(s, cuda, replays=100, on_replay=lambda i, v: verdicts.append(v))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.devices import nvml
 from harness.frontends import gpu_workers as gw
 
 SAMPLES = Path(__file__).resolve().parent.parent / "reports" / "samples"
@@ -74,19 +75,19 @@ def test_nvml_listing_decodes_uuids_and_survives_a_missing_driver(monkeypatch):
         nvmlDeviceGetUUID=lambda h: {"h0": b"GPU-x", "h1": "GPU-y"}[h],
     )
     monkeypatch.setitem(__import__("sys").modules, "pynvml", fake)
-    assert gw.nvml_gpu_uuids() == ["GPU-x", "GPU-y"]
+    assert nvml.gpu_uuids() == ["GPU-x", "GPU-y"]
 
     def no_driver():
         raise RuntimeError("NVML Shared Library Not Found")
 
     monkeypatch.setattr(fake, "nvmlInit", no_driver)
-    assert gw.nvml_gpu_uuids() == []
+    assert nvml.gpu_uuids() == []
 
 
 def test_count_for_the_makefile(monkeypatch, capsys):
     assert gw.gpu_count({}, fake_nvml(GPUS)) == 4
     assert gw.gpu_count({"CUDA_VISIBLE_DEVICES": "0,1"}, fake_nvml(GPUS)) == 2
-    monkeypatch.setattr(gw, "nvml_gpu_uuids", fake_nvml([]))
+    monkeypatch.setattr(nvml, "gpu_uuids", fake_nvml([]))
     assert gw.main(["count"]) == 0
     assert capsys.readouterr().out == "1\n"  # no GPUs: still one worker
     assert gw.main(["bogus"]) == 2

@@ -7,7 +7,8 @@ import torch
 
 import harness.model.stack
 from harness.devices.sim import SimDevice
-from harness.run.pipeline import Bench, ground_truth
+from harness.run.replay import ground_truth
+from harness.run.testbed import Testbed
 from harness.model.reference import reference_for
 from harness.records.scenario import Backend, DType, Expect, ModelShape, Request, Scenario
 
@@ -30,7 +31,7 @@ def scenario(layers: str, dtype: DType = DType.FP32, seed: int = 3, batch=BATCH)
 
 def run_model(sc: Scenario):
     """Eager ground truth on the sim; returns (probes, reference dict)."""
-    b = Bench.build(sc, SimDevice())
+    b = Testbed(sc, SimDevice())
     ground_truth(b, timeout_s=5.0)
     return b.model.probes, reference_for(b.layout, sc.seed, b.host)
 
@@ -99,6 +100,6 @@ def test_reference_is_not_the_model(monkeypatch):
     monkeypatch.setattr(harness.model.stack, "attention", lambda *a: (_ for _ in ()).throw(RuntimeError))
     monkeypatch.setattr(harness.model.stack, "mamba_mix", lambda *a: (_ for _ in ()).throw(RuntimeError))
     monkeypatch.setattr(harness.model.stack, "rms_norm", lambda *a: (_ for _ in ()).throw(RuntimeError))
-    b = Bench.build(sc, SimDevice())
+    b = Testbed(sc, SimDevice())
     after = reference_for(b.layout, sc.seed, b.host)
     torch.testing.assert_close(after["out"], before["out"], **EXACT)

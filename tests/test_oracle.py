@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from harness.model.stack import ProbeSet
-from harness.run.oracle import Oracle, ReplayVerdict, Tally, build_units
-from harness.protocol.pools import plan_layout
+from harness.model.arena import arena_layout
+from harness.protocol.layout import plan_layout
+from harness.run.oracle import Oracle, ReplayVerdict, Tally
 from harness.records.scenario import DType, ModelShape, Request, Tolerance
 
 SHAPE = ModelShape(
@@ -21,12 +22,13 @@ SHAPE = ModelShape(
     page_size=4, dtype=DType.FP32,
 )
 LAYOUT = plan_layout(SHAPE, (Request(prefix=5, new=3), Request(prefix=2, new=6)))
+ARENA = arena_layout(LAYOUT)
 A0, A1 = SHAPE.attention_layers  # global ids 0, 2
 M0, M1 = SHAPE.mamba_layers  # global ids 1, 3
 
 
 def truth() -> torch.Tensor:
-    n = sum(n for _, n in build_units(LAYOUT)[1])
+    n = ARENA.size
     return torch.randn(n, generator=torch.Generator().manual_seed(0))
 
 
@@ -45,12 +47,12 @@ def judge(oracle: Oracle, p: ProbeSet) -> ReplayVerdict:
 @pytest.fixture
 def setup():
     t = truth()
-    return Oracle(LAYOUT, t), planted(t)
+    return Oracle(ARENA, t), planted(t)
 
 
 def test_read_units_count():
     n_read = 2 * len(SHAPE.attention_layers) * LAYOUT.total_prefix + 2 * len(SHAPE.mamba_layers) * 2
-    assert Oracle(LAYOUT, truth()).read_units == n_read
+    assert Oracle(ARENA, truth()).read_units == n_read
 
 
 def test_copy_of_truth_is_clean(setup):
@@ -110,15 +112,15 @@ def test_tolerance_lets_a_tiny_output_change_pass():
     p = planted(t)
     p.out.mul_(1 + 1e-5)
     p.final_ssm.mul_(1 + 1e-5)
-    assert not judge(Oracle(LAYOUT, t, Tolerance(rtol=1e-2)), p).stale
-    assert judge(Oracle(LAYOUT, t), p).output_differs  # exact by default
+    assert not judge(Oracle(ARENA, t, Tolerance(rtol=1e-2)), p).stale
+    assert judge(Oracle(ARENA, t), p).output_differs  # exact by default
 
 
 def test_tolerance_never_applies_to_read_probes():
     t = truth()
     p = planted(t)
     p.v[0, 0, 0, 0] *= 1 + 1e-5
-    v = judge(Oracle(LAYOUT, t, Tolerance(rtol=1e-2, atol=1e-2)), p)
+    v = judge(Oracle(ARENA, t, Tolerance(rtol=1e-2, atol=1e-2)), p)
     assert v.slots == {(A0, "v", LAYOUT.requests[0].prefix.start)}
 
 
@@ -126,12 +128,12 @@ def test_nan_in_truth_raises():
     t = truth()
     t[5] = float("nan")
     with pytest.raises(ValueError):
-        Oracle(LAYOUT, t)
+        Oracle(ARENA, t)
 
 
 def test_truth_of_wrong_size_raises():
     with pytest.raises(ValueError):
-        Oracle(LAYOUT, truth()[:-1])
+        Oracle(ARENA, truth()[:-1])
 
 
 def verdict(*layers: int, fraction_units: int = 1) -> ReplayVerdict:

@@ -151,3 +151,50 @@ def test_bad_fence_on_the_command_line_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2
     assert err.count("\n") == 1 and "--schedule: schedule: cannot import 'nope'" in err
+
+
+# ---------------------------------------------------------------- plugins that break at run time
+BREAKING = """
+[defaults]
+model = {{ layers = "AM", hidden = 32, heads = 2, kv_heads = 1, head_dim = 16, state = 4, dtype = "fp32" }}
+batch = [{{ prefix = 20, new = 4 }}]
+replays = 2
+backend = "full"
+fault = {{ kind = "delay", us = 500 }}
+
+[[scenario]]
+name = "broken"
+{key} = "{plugin}"
+expect = "clean"
+
+[[scenario]]
+name = "after"
+fence = "final_event"
+expect = "clean"
+"""
+
+
+@pytest.mark.parametrize("key, name, message", [
+    ("fence", "raising_fence", "(fence) raised ValueError: the fence broke"),
+    ("schedule", "raising_schedule", "(schedule) raised KeyError: 'the schedule broke'"),
+    ("accessor", "raising_accessor", "(accessor) raised RuntimeError: the accessor broke"),
+    ("fence", "RaisingSetupFence", "(fence setup) raised ZeroDivisionError: setup broke"),
+    ("fence", "number_fence", "returned int; a fence returns None or a runner"),
+])
+def test_a_plugin_that_breaks_ends_its_scenario_and_the_run_goes_on(wayward, tmp_path, capsys, key, name, message):
+    path = tmp_path / "s.toml"
+    path.write_text(BREAKING.format(key=key, plugin=f"{wayward}:{name}"))
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--device", "sim", "--out", str(out)]) == 1
+    broken, after = json.loads((out / "results.json").read_text())["scenarios"]
+    assert message in broken["error"] and f"{wayward}:{name}" in broken["error"] and not broken["met"]
+    assert after["met"] and after["error"] is None
+    printed = capsys.readouterr()
+    line = next(ln for ln in printed.out.splitlines() if " broken " in ln)
+    assert "error:" in line and message in line  # one line: the scenario, the plugin, the exception
+    assert "Traceback" not in printed.out + printed.err
+
+
+def test_a_class_fence_whose_setup_has_the_wrong_signature_is_refused_when_loaded(wayward):
+    with pytest.raises(InputError, match=r"setup.* is called as setup\(s\)"):
+        resolve(Kind.FENCE, f"{wayward}:BadSetupFence")

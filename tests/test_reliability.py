@@ -24,7 +24,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from harness.frontends import cli
-from harness.run import pipeline
+from harness.run import pipeline, replay, testbed
 from harness.frontends.cli import main
 from harness.devices.sim import SimDevice
 from harness.records.errors import InputError, ReplayTimeout
@@ -201,8 +201,8 @@ def test_a_stuck_gate_is_that_scenarios_error_and_the_run_goes_on(tmp_path, stuc
 def test_a_hung_replay_is_that_scenarios_error_and_the_run_goes_on(tmp_path, monkeypatch):
     replaying = []  # the scenario whose replay is running
 
-    def call(self, i, fault, _call=pipeline._Replayer.__call__):
-        replaying.append(self.b.scenario.name)
+    def call(self, i, fault, _call=replay.Replayer.__call__):
+        replaying.append(self.tb.scenario.name)
         try:
             return _call(self, i, fault)
         finally:
@@ -213,7 +213,7 @@ def test_a_hung_replay_is_that_scenarios_error_and_the_run_goes_on(tmp_path, mon
             raise ReplayTimeout(f"device work did not finish within {timeout_s:g}s (a hung replay)")
         return _sync(self, timeout_s)
 
-    monkeypatch.setattr(pipeline._Replayer, "__call__", call)
+    monkeypatch.setattr(replay.Replayer, "__call__", call)
     monkeypatch.setattr(SimDevice, "synchronize", synchronize)
     out = tmp_path / "out"
     path = scenario_file(tmp_path, "hung", "after")
@@ -230,17 +230,17 @@ OOM_SEED = 666  # the scenario whose model does not fit
 
 @pytest.fixture
 def oom(monkeypatch) -> list:
-    """Bench.build runs out of memory building the model of the scenario with OOM_SEED,
+    """Building the testbed runs out of memory building the model of the scenario with OOM_SEED,
     after its pools were allocated; the list gets a weak reference to one of them."""
     pools = []
 
-    def model(dev, layout, pool, seed, _model=pipeline.HybridModel):
+    def model(dev, layout, pool, seed, _model=testbed.HybridModel):
         if seed == OOM_SEED:
             pools.append(weakref.ref(pool.kv.k))
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0)")
         return _model(dev, layout, pool, seed)
 
-    monkeypatch.setattr(pipeline, "HybridModel", model)
+    monkeypatch.setattr(testbed, "HybridModel", model)
     return pools
 
 
@@ -373,12 +373,12 @@ def test_signal_handlers_are_the_commands_only_and_an_ignored_signal_stays_ignor
     torch.AcceleratorError("CUDA error: an illegal memory access was encountered"),
 ])
 def test_a_lost_device_stops_the_run_with_partial_results_and_exit_2(tmp_path, monkeypatch, capsys, error):
-    def call(self, i, fault, _call=pipeline._Replayer.__call__):
-        if self.b.scenario.name == "lost":
+    def call(self, i, fault, _call=replay.Replayer.__call__):
+        if self.tb.scenario.name == "lost":
             raise error
         return _call(self, i, fault)
 
-    monkeypatch.setattr(pipeline._Replayer, "__call__", call)
+    monkeypatch.setattr(replay.Replayer, "__call__", call)
     path = scenario_file(tmp_path, "first", "lost", "never")
     out = tmp_path / "out"
     assert main(["run", str(path), "--device", "sim", "--out", str(out)]) == 2
@@ -392,12 +392,12 @@ def test_a_lost_device_stops_the_run_with_partial_results_and_exit_2(tmp_path, m
 
 
 def test_a_lost_device_in_the_kill_matrix_keeps_the_finished_rows(tmp_path, monkeypatch, capsys):
-    def call(self, i, fault, _call=pipeline._Replayer.__call__):
-        if self.b.scenario.name == "lost":
+    def call(self, i, fault, _call=replay.Replayer.__call__):
+        if self.tb.scenario.name == "lost":
             raise RuntimeError("CUDA error: unspecified launch failure")
         return _call(self, i, fault)
 
-    monkeypatch.setattr(pipeline._Replayer, "__call__", call)
+    monkeypatch.setattr(replay.Replayer, "__call__", call)
     path = scenario_file(tmp_path, "first", "lost")
     out = tmp_path / "out"
     assert main(["mutants", str(path), "--device", "sim", "--out", str(out)]) == 2

@@ -1,9 +1,11 @@
 """The simulator's stream semantics on small hand-built stories, one property each.
 
 Cast: stream L (load) copies SRC into DST, a region of pool k at layer 0; stream F
-(forward) accesses it. The default costs land a tiny copy within a fraction of a
-microsecond, so most stories use a slow link (SLOW) to keep a copy in flight
-for a long virtual time; none of them sleeps.
+(forward) runs kernels that read it. Nothing runs when it is enqueued: a kernel runs
+at its virtual start, a copy lands at its virtual end, so what a kernel saw is known
+after a synchronize. The default costs land a tiny copy within a fraction of a
+microsecond, so most stories use a slow link (SLOW) to keep a copy in flight for a
+long virtual time; none of them sleeps.
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.devices.sim import CaptureInvalidated, SimCosts, SimDevice
+from harness.devices.sim import SimCosts, SimDevice
 from harness.protocol.loadback import LayerDoneCounter
-from harness.records.trace import Access, Copy, Delay, HostSync, Record, Region, Replay, Wait
+from harness.records.errors import CaptureInvalidated
+from harness.records.trace import Copy, Delay, HostSync, HostWait, Kernel, Record, Region, Replay, Wait
 
 POISON = -1.0
 REGION = Region("k", 0, 0, 4)
-OTHER = Region("k", 0, 4, 8)
 SLOW = SimCosts(bandwidth_gbps=1e-6)  # 16 bytes take 16000 virtual us
 
 
@@ -29,29 +31,40 @@ class Story:
         self.src = torch.arange(1.0, 5.0)
         self.dst = torch.full((4,), POISON)
 
-    def copy(self, region: Region = REGION) -> None:
+    def copy(self) -> None:
         with self.dev.stream(self.L):
-            self.dev.copy_async(self.dst, self.src, region)
+            self.dev.copy_async(self.dst, self.src, REGION)
 
     def record_on_L(self, **kw):
         e = self.dev.Event(**kw)
         e.record(self.L)
         return e
 
-    def read(self, region: Region = REGION) -> torch.Tensor:
-        """An access on F that reads `region`; returns what the kernel saw."""
-        with self.dev.stream(self.F):
-            self.dev.access(reads=[region])
-        return self.dst.clone()
+    def read(self, stream=None) -> list[torch.Tensor]:
+        """A kernel (on F by default) that reads the region; the list gets what it saw when it runs."""
+        seen: list[torch.Tensor] = []
+        with self.dev.stream(stream or self.F):
+            self.dev.launch(lambda: seen.append(self.dst.clone()), reads=[REGION], what="read")
+        return seen
 
-    def fresh(self, seen: torch.Tensor) -> bool:
-        if seen.equal(self.src):
+    def fresh(self, seen: list[torch.Tensor]) -> bool:
+        self.dev.synchronize()
+        (value,) = seen
+        if value.equal(self.src):
             return True
-        assert (seen == POISON).all()
+        assert (value == POISON).all()
         return False
 
 
-def test_copy_is_invisible_to_an_unordered_access_before_it_lands():
+def test_nothing_runs_when_it_is_enqueued():
+    s = Story()
+    seen = s.read()
+    assert seen == []  # the kernel has not run: nothing has asked the device yet
+    s.dev.synchronize()
+    assert len(seen) == 1
+
+
+def test_copy_is_invisible_to_an_unordered_kernel_before_it_lands():
     s = Story(SLOW)
     s.copy()
     assert not s.fresh(s.read())
@@ -72,12 +85,11 @@ def test_event_recorded_before_the_copy_does_not_order_it():
     assert not s.fresh(s.read())
 
 
-def test_access_to_another_region_does_not_land_the_copy():
-    s = Story()
+def test_wait_stream_orders_after_everything_enqueued_there():
+    s = Story(SLOW)
     s.copy()
-    s.F.wait_event(s.record_on_L())
-    s.read(OTHER)
-    assert (s.dst == POISON).all()
+    s.F.wait_stream(s.L)
+    assert s.fresh(s.read())
 
 
 def test_long_delay_before_copy_keeps_it_invisible():
@@ -88,32 +100,33 @@ def test_long_delay_before_copy_keeps_it_invisible():
     assert not s.fresh(s.read())
 
 
-def test_access_after_landing_time_sees_the_copy_without_any_wait():
+def test_kernel_after_landing_time_sees_the_copy_without_any_wait():
     s = Story(SLOW)
     s.copy()
     with s.dev.stream(s.F):
-        s.dev.delay(1e6)  # F's clock runs past the landing time
+        s.dev.delay(1e6)  # F starts its kernel after the landing time
     assert s.fresh(s.read())
 
 
-def test_synchronize_lands_everything():
+def test_a_copy_enqueued_later_that_lands_earlier_lands_first():
+    # Write-after-read in the data: the kernel is held, the copy behind it lands before it runs.
+    s = Story()
+    with s.dev.stream(s.F):
+        s.dev.delay(1e6)
+    seen = s.read()  # enqueued first, starts late
+    s.copy()  # enqueued after it, on another stream, lands at once
+    assert s.fresh(seen)
+
+
+def test_synchronize_lands_everything_and_advances_the_host():
     s = Story(SLOW)
     s.copy()
-    s.copy(OTHER)  # same tensors, a second pending copy
     s.dev.synchronize()
     assert s.dst.equal(s.src)
-    assert s.dev._pending == []
+    assert s.dev.host_clock >= 16000.0
 
 
-def test_synchronized_copy_does_not_land_again():
-    s = Story(SLOW)
-    s.copy()
-    s.dev.synchronize()
-    s.dst.fill_(POISON)  # the landed value is overwritten; the copy must not land again
-    assert not s.fresh(s.read())
-
-
-def test_copy_issued_after_synchronize_is_not_ordered_by_it():
+def test_a_copy_issued_after_synchronize_is_not_ordered_by_it():
     s = Story(SLOW)
     s.dev.synchronize()
     s.copy()
@@ -123,12 +136,20 @@ def test_copy_issued_after_synchronize_is_not_ordered_by_it():
 def test_wait_on_never_recorded_event_is_a_noop():
     s = Story(SLOW)
     s.copy()
-    clock, vc = s.F.clock, dict(s.dev.clocks.clock(s.F.id))
     s.F.wait_event(s.dev.Event())
-    assert s.dev.clocks.clock(s.F.id) == vc and s.F.clock >= clock
     assert not s.fresh(s.read())
 
 
+def test_late_copy_clobbers_what_a_kernel_wrote():
+    s = Story(SLOW)
+    s.copy()
+    with s.dev.stream(s.F):
+        s.dev.launch(lambda: s.dst.fill_(7.0), writes=[REGION])
+    s.dev.synchronize()
+    assert s.dst.equal(s.src)  # the copy landed after the kernel's write (WAW)
+
+
+# ---------------------------------------------------------------- the host
 def test_host_event_query_and_synchronize_follow_virtual_time():
     s = Story()
     with s.dev.stream(s.L):
@@ -139,6 +160,63 @@ def test_host_event_query_and_synchronize_follow_virtual_time():
     assert e.query() and s.dev.host_clock >= 500.0
 
 
+def test_a_polling_host_moves_on_and_its_true_query_orders_it():
+    s = Story()
+    with s.dev.stream(s.L):
+        s.dev.delay(500.0)
+    e = s.record_on_L()
+    with s.dev.tracing() as t:
+        polls = 0
+        while not e.query():
+            polls += 1
+    assert 0 < polls < 500  # each query costs the host poll_us
+    assert t.ops == [HostWait(e.id)]  # only the query that returned True
+
+
+def test_host_wait_gives_up_at_its_timeout():
+    s = Story()
+    with s.dev.stream(s.L):
+        s.dev.delay(1e7)
+    e = s.record_on_L()
+    assert not s.dev.host_wait(e, timeout_s=1.0)  # 1 s of virtual time < 10 s of delay
+    assert s.dev.host_wait(e, timeout_s=60.0)
+
+
+def test_a_gate_holds_its_stream_until_the_host_opens_it():
+    s = Story()
+    gate = s.dev.gate(timeout_s=5.0)
+    with s.dev.stream(s.L):
+        gate.hold()
+    s.copy()
+    seen = s.read()
+    e = s.record_on_L()
+    assert not s.dev.host_wait(e, timeout_s=1.0)  # held: it cannot complete
+    gate.release()
+    assert s.dev.host_wait(e, timeout_s=1.0)
+    assert not s.fresh(seen) and not gate.timed_out
+
+
+def test_a_gate_nobody_opens_is_opened_by_its_watchdog():
+    s = Story()
+    gate = s.dev.gate(timeout_s=2.0)
+    with s.dev.stream(s.L):
+        gate.hold()
+    s.copy()
+    s.dev.synchronize()
+    assert gate.timed_out and s.dst.equal(s.src) and s.dev.host_clock >= 2e6
+
+
+def test_marks_read_virtual_times():
+    s = Story()
+    with s.dev.stream(s.F):
+        a = s.dev.mark(s.F)
+        s.dev.delay(300.0)
+        b = s.dev.mark(s.F)
+    s.dev.synchronize()
+    assert s.dev.marker_us(b) - s.dev.marker_us(a) == pytest.approx(300.0 + s.dev.costs.launch_us)
+
+
+# ---------------------------------------------------------------- capture and replay
 def test_plain_event_wait_during_capture_invalidates_it():
     s = Story()
     e = s.record_on_L()
@@ -155,32 +233,55 @@ def test_external_event_wait_during_capture_is_a_graph_node():
     assert isinstance(g.body[0], Wait) and g.body[0].event == e.id and g.body[0].in_graph
 
 
+def test_capture_runs_nothing_and_replay_runs_only_the_captured_work():
+    s = Story()
+    host_calls, kernel_runs = [], []
+
+    def fn() -> None:
+        host_calls.append(1)  # host Python: runs at warm-up and capture, never at replay
+        s.dev.launch(lambda: kernel_runs.append(1), what="k")
+
+    g = s.dev.capture(fn, warmup=1)
+    s.dev.synchronize()
+    assert (len(host_calls), len(kernel_runs)) == (2, 1)  # the capture ran no kernel
+    with s.dev.stream(s.F):
+        g.replay()
+        g.replay()
+    s.dev.synchronize()
+    assert (len(host_calls), len(kernel_runs)) == (2, 3)
+    assert [type(op) for op in g.body] == [Kernel]
+
+
 def test_replay_honours_external_event_waits():
     s = Story(SLOW)
     e = s.dev.Event(external=True)
-    g = s.dev.capture(lambda: (s.dev.current_stream().wait_event(e), s.dev.access(reads=[REGION])))
+    seen: list[torch.Tensor] = []
+
+    def fn() -> None:
+        s.dev.current_stream().wait_event(e)
+        s.dev.launch(lambda: seen.append(s.dst.clone()), reads=[REGION])
+
+    g = s.dev.capture(fn, warmup=0)
     s.copy()
     e.record(s.L)
     with s.dev.stream(s.F):
         g.replay()
-    assert s.dst.equal(s.src)
+    assert s.fresh(seen)
 
 
 class Replayed:
-    """fn waits via the counter (a Python-level wait), then snapshots what it reads."""
+    """fn waits via the counter (a Python-level wait), then launches a kernel that reads."""
 
     def __init__(self):
         self.s = Story(SLOW)
         self.counter = LayerDoneCounter(self.s.dev, 1)
-        self.seen = torch.empty(4)
+        self.seen: list[torch.Tensor] = []
 
     def fn(self) -> None:
         self.counter.wait_until(0)
-        self.s.dev.access(reads=[REGION])
-        self.seen.copy_(self.s.dst)
+        self.s.dev.launch(lambda: self.seen.append(self.s.dst.clone()), reads=[REGION])
 
     def start_load(self) -> None:
-        self.s.dst.fill_(POISON)
         self.s.copy()
         with self.s.dev.stream(self.s.L):
             self.counter.events[0].complete(0)
@@ -190,25 +291,29 @@ class Replayed:
 def test_graph_replay_skips_python_waits_and_reads_stale():
     r = Replayed()
     assert r.counter.consumer_index == -1  # nothing pending at capture: no wait captured
-    g = r.s.dev.capture(r.fn)
+    g = r.s.dev.capture(r.fn, warmup=0)
     r.start_load()
     with r.s.dev.stream(r.s.F):
         g.replay()
     assert not r.s.fresh(r.seen)
 
 
-def test_same_fn_run_eagerly_waits_and_reads_fresh():
+def test_waits_handed_over_after_capture_do_not_reach_the_graph():
+    # The graph is what was captured: a wait the Python would issue now is not in it.
     r = Replayed()
-    r.s.dev.capture(r.fn)
-    r.start_load()
+    g = r.s.dev.capture(r.fn, warmup=0)
+    r.start_load()  # a load is pending now: the same Python would wait
     with r.s.dev.stream(r.s.F):
-        r.fn()
-    assert r.s.fresh(r.seen)
+        g.replay()
+        r.fn()  # eager: waits
+    r.s.dev.synchronize()
+    stale, fresh = r.seen
+    assert (stale == POISON).all() and fresh.equal(r.s.src)
 
 
 def test_replay_is_traced_as_one_op_with_the_captured_body():
     r = Replayed()
-    g = r.s.dev.capture(r.fn)
+    g = r.s.dev.capture(r.fn, warmup=0)
     r.start_load()
     with r.s.dev.tracing() as t, r.s.dev.stream(r.s.F):
         g.replay()
@@ -216,17 +321,7 @@ def test_replay_is_traced_as_one_op_with_the_captured_body():
     assert not any(isinstance(op, Wait) for op in g.body)
 
 
-def test_late_copy_clobbers_what_an_access_wrote():
-    s = Story(SLOW)
-    s.copy()
-    with s.dev.stream(s.F):
-        s.dev.access(writes=[REGION])
-        s.dst.fill_(7.0)  # the kernel's write, over the poison
-    assert (s.dst == 7.0).all()
-    s.dev.synchronize()
-    assert s.dst.equal(s.src)  # the copy landed after it (WAW)
-
-
+# ---------------------------------------------------------------- determinism
 def story_once():
     s = Story(SimCosts(bandwidth_gbps=1e-4))
     with s.dev.tracing() as t:
@@ -234,18 +329,17 @@ def story_once():
             s.dev.delay(3.0)
         s.copy()
         e = s.record_on_L()
-        seen_before = s.read().clone()
+        before = s.read()
         s.F.wait_event(e)
-        seen_after = s.read().clone()
+        after = s.read()
         s.dev.synchronize()
-    return t.ops, t.stream_names, seen_before, seen_after, s.dst, s.dev.host_clock
+    return t.ops, t.stream_names, before[0], after[0], s.dst, s.dev.host_clock, s.dev.timeline(t)
 
 
-def test_same_story_twice_gives_same_trace_and_data():
+def test_same_story_twice_gives_same_trace_data_and_times():
     a, b = story_once(), story_once()
-    assert a[0] == b[0] and a[1] == b[1]
+    assert a[0] == b[0] and a[1] == b[1] and a[5] == b[5] and a[6] == b[6]
     for x, y in zip(a[2:5], b[2:5]):
         assert x.equal(y)
-    assert a[5] == b[5]
-    kinds = [type(op) for op in a[0]]
-    assert kinds == [Delay, Copy, Record, Access, Wait, Access, HostSync]
+    assert [type(op) for op in a[0]] == [Delay, Copy, Record, Kernel, Wait, Kernel, HostSync]
+    assert not a[2].equal(a[3])  # before the wait it saw poison, after it the copy

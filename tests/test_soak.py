@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.frontends import soak
-from harness.frontends.cli import DeviceLost, main
+from harness.frontends import session, soak
+from harness.frontends.cli import main
+from harness.records.errors import DeviceLost
 from harness.run.pipeline import ScenarioResult
-from harness.records.scenario import Backend, Expect, Fault, FaultKind
+from harness.records.scenario import Backend, Evidence, Expect, Fault, FaultKind
 
 REAL_DRAW = soak.draw
 
@@ -40,6 +41,7 @@ def test_draws_are_reproducible_correct_and_varied():
     assert set(Counter(s.model.layers for s in draws)) >= {"A", "M", "AM", "MA"}
     t = soak.twin(draws[0])
     assert t.expect is Expect.RACE and (t.fence, t.accessor) in {("none", "per_layer"), ("none", "none")}
+    assert t.evidence is Evidence.DATA  # a twin shows the race in the data
 
 
 def test_a_short_soak_is_clean_and_writes_its_section(tmp_path, capsys):
@@ -94,24 +96,26 @@ def fail_on_call(n: int, error, monkeypatch) -> None:
     """The n-th scenario the soak runs raises error(scenario) instead."""
     calls = []
 
-    def run_one(s, dev, replays, timeout_s, _run=soak.run_one):
+    def run_one(s, dev, replays, timeout_s, _run=session.run_one):
         calls.append(s)
         if len(calls) == n:
             raise error(s)
         return _run(s, dev, replays, timeout_s)
 
-    monkeypatch.setattr(soak, "run_one", run_one)
+    monkeypatch.setattr(session, "run_one", run_one)
 
 
 def lost(s):
-    return DeviceLost(ScenarioResult(s, error="device lost: CUDA error: unspecified launch failure"))
+    r = ScenarioResult(s, error="device lost: CUDA error: unspecified launch failure")
+    return DeviceLost(f"{s.name}: {r.error}", r)
 
 
 def test_an_interrupted_soak_writes_what_it_counted_as_partial(tmp_path, monkeypatch, capsys):
     fail_on_call(3, lambda s: KeyboardInterrupt(), monkeypatch)
     out = tmp_path / "soak"
     assert run_soak(out, "--minutes", "5") == 130
-    assert capsys.readouterr().err.strip() == f"fence-harness: interrupted (SIGINT); partial soak results: {out / 'results.json'}"
+    assert capsys.readouterr().err.strip() == (
+        f"fence-harness: interrupted (SIGINT); partial results of 2 scenarios: {out / 'results.json'}")
     doc = json.loads((out / "results.json").read_text())
     assert doc["partial"] is True and doc["interrupted"] == "SIGINT" and doc["soak"]["scenarios"] == 2
 

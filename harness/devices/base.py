@@ -3,8 +3,12 @@
 It is shaped like the `device_module` a serving engine uses (`Event()`,
 `current_stream()`, `stream(s)`, `event.record()`, `stream.wait_event(e)`), plus
 the few things a harness needs on top: async copies that name the region they
-write, a delay on a stream, graph capture and replay, pool-access annotations,
-a bounded synchronize, and a trace of all of it.
+write, kernels that name the pool regions they read and write (`launch`), a delay
+on a stream, graph capture and replay, a bounded synchronize, and the op list of
+all of it (`harness.records.trace`).
+
+Device memory is touched only inside `launch` (or by `copy_async`): on the
+simulator a kernel runs at its virtual time, not when Python launches it.
 
 Two implementations sit side by side: `cuda` (real streams and graphs) and
 `sim` (a CPU model of stream semantics in virtual time).
@@ -15,45 +19,64 @@ from __future__ import annotations
 import abc
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from harness.records.errors import HarnessError
-from harness.records.trace import Access, HostWait, Op, Region, Replay, Span, Trace
-
-
-class GateUnavailable(HarnessError):
-    """No gate can be built here (the reason says why); a long delay stands in."""
+from harness.records.errors import GateUnavailable
+from harness.records.trace import (
+    HostWait,
+    Kernel,
+    Op,
+    Region,
+    Replay,
+    Span,
+    SpanKind,
+    Trace,
+)
 
 
 class Stream(abc.ABC):
+    """A device stream. `wait_event` and `wait_stream` order later work on this stream."""
+
     id: int
     name: str
+    _device: Device
 
     @abc.abstractmethod
-    def wait_event(self, event: "Event") -> None:
-        """Later work on this stream waits until `event` has completed."""
+    def wait_event(self, event: Event) -> None:
+        """Later work on this stream waits until `event`'s latest record has completed."""
+
+    def wait_stream(self, other: Stream) -> None:
+        """Later work on this stream waits for all work enqueued on `other` so far."""
+        event = self._device.Event()
+        event.record(other)
+        self.wait_event(event)
 
 
 class Event(abc.ABC):
     id: int
     external: bool  # may be waited on inside a captured graph
+    _device: Device
 
     @abc.abstractmethod
-    def record(self, stream: Stream | None = None) -> None: ...
+    def record(self, stream: Stream | None = None) -> None:
+        """Record on `stream` (default: the current stream)."""
 
     def wait(self, stream: Stream | None = None) -> None:
+        """`stream` (default: the current one) waits on this event."""
         (stream or self._device.current_stream()).wait_event(self)
 
     @abc.abstractmethod
-    def query(self) -> bool: ...
+    def query(self) -> bool:
+        """Has the latest record completed? The host does not block; a True orders it after
+        the event, as a synchronize does (traced as `HostWait`)."""
 
     @abc.abstractmethod
-    def synchronize(self) -> None: ...
-
-    _device: "Device"
+    def synchronize(self) -> None:
+        """Block the host until the latest record has completed."""
 
 
 class Gate(abc.ABC):
@@ -65,6 +88,7 @@ class Gate(abc.ABC):
 
     id: int
     mode: str  # how it is built, for reports
+    timeout_s: float
     timed_out: bool = False
 
     @abc.abstractmethod
@@ -81,7 +105,7 @@ class Gate(abc.ABC):
 
 class Graph(abc.ABC):
     id: int
-    body: Sequence[Op]  # the ops captured into it, for the trace
+    body: Sequence[Op]  # the ops captured into it: what a replay runs and the analyser reads
 
     @abc.abstractmethod
     def replay(self) -> None:
@@ -97,7 +121,7 @@ class _Capture:
 
 
 class Device(abc.ABC):
-    """Streams, events, copies, delays, graphs and a trace, on one device."""
+    """Streams, events, copies, kernels, delays, graphs and their op list, on one device."""
 
     name: str
     torch_device: torch.device
@@ -105,28 +129,31 @@ class Device(abc.ABC):
     def __init__(self) -> None:
         self._next_id = 0
         self._trace: Trace | None = None
-        self._marks: Trace | None = None  # where timed spans go (the trace, also inside a replay)
         self._capture: _Capture | None = None
 
-    # ---- ids and tracing -------------------------------------------------
+    # ---- ids and the op list -------------------------------------------------
     def _new_id(self) -> int:
         self._next_id += 1
         return self._next_id
 
     @contextlib.contextmanager
     def tracing(self) -> Iterator[Trace]:
-        """Record every op enqueued inside the block (costly: not for the hot loop)."""
+        """Record every op enqueued inside the block, and time it (costly: not for the hot loop)."""
         trace = Trace()
-        self._trace = self._marks = trace
+        self._trace = trace
         try:
             yield trace
         finally:
-            self._trace = self._marks = None
+            self._trace = None
 
     @property
     def recording(self) -> bool:
-        """True while tracing or capturing: only then is building trace records worth it."""
+        """True while tracing or capturing: only then is building op records worth it."""
         return self._trace is not None or self._capture is not None
+
+    @property
+    def capturing(self) -> bool:
+        return self._capture is not None
 
     def _note(self, op: Op) -> None:
         if self._capture is not None:
@@ -139,46 +166,33 @@ class Device(abc.ABC):
             self._trace.stream_names[stream.id] = stream.name
 
     @property
-    def capturing(self) -> bool:
-        return self._capture is not None
+    def timing(self) -> bool:
+        """True while tracing outside a capture: the ops enqueued now get timeline spans."""
+        return self._trace is not None and self._capture is None
 
-    # ---- timeline of a traced replay ----------------------------------------
-    def _timed(self, stream: Stream | None, kind: str, fmt: str, *args) -> contextlib.AbstractContextManager:
-        """Time the ops enqueued inside the block on `stream` (None: the current one).
+    def _span(self, stream: Stream, kind: str, name: str, begin: Any, end: Any) -> None:
+        """Keep one op's markers for the timeline (only while `timing`)."""
+        assert self._trace is not None
+        self._trace.marks.append((stream.id, name, kind, begin, end))
 
-        This wraps every copy, wait and replay, so outside a traced replay it is one
-        check and a shared no-op: no stream lookup, no name formatted (`fmt.format(*args)`
-        runs only when traced). Host time in the replay loop shifts the race window.
-        """
-        if self._marks is None or self.capturing:
-            return _UNTIMED
-        return _TimedSpan(self, stream or self.current_stream(), kind, fmt.format(*args))
-
-    def mark(self, stream: Stream, *, end: bool = True):
-        """A timing mark on `stream` (device time on CUDA, virtual time on the simulator).
-
-        `end=False` marks where the next work could start (on the simulator, the host
-        may be later than the stream); read it with `marker_us` after a synchronize.
-        """
-        return None
-
-    def marker_us(self, marker) -> float | None:
+    def marker_us(self, marker: Any) -> float | None:
+        """A marker's time in microseconds, once the work has run."""
         return None
 
     def timeline(self, trace: Trace) -> list[Span]:
         """The timed spans of a trace, in microseconds from the first; call after a synchronize."""
         raw = [(sid, name, kind, self.marker_us(b), self.marker_us(e)) for sid, name, kind, b, e in trace.marks]
-        raw = [r for r in raw if r[3] is not None and r[4] is not None]
-        if not raw:
+        timed = [(sid, name, kind, b, e) for sid, name, kind, b, e in raw if b is not None and e is not None]
+        if not timed:
             return []
-        t0 = min(r[3] for r in raw)
+        t0 = min(r[3] for r in timed)
         names = trace.stream_names
         return [
             Span(names.get(sid, f"stream{sid}"), name, kind, round(b - t0, 3), round(max(e, b) - t0, 3))
-            for sid, name, kind, b, e in raw
+            for sid, name, kind, b, e in timed
         ]
 
-    # ---- gates -----------------------------------------------------------------
+    # ---- gates ---------------------------------------------------------------
     def gate(self, timeout_s: float) -> Gate:
         """A gate for the load stream; raises GateUnavailable where none can be built."""
         raise GateUnavailable(f"the {self.name} device has no gate")
@@ -186,14 +200,13 @@ class Device(abc.ABC):
     def host_wait(self, event: Event, timeout_s: float) -> bool:
         """Block the host until `event` completes or `timeout_s` passes; True if it completed."""
         deadline = time.monotonic() + timeout_s
-        while not event.query():
+        while not event.query():  # a True query orders the host after the event
             if time.monotonic() > deadline:
                 return False
             time.sleep(20e-6)
-        self._note(HostWait(event.id))
         return True
 
-    # ---- the device_module-like surface ----------------------------------
+    # ---- the device_module-like surface -----------------------------------------
     @abc.abstractmethod
     def Stream(self, name: str) -> Stream:  # noqa: N802 - mirrors device_module.Stream
         ...
@@ -208,7 +221,11 @@ class Device(abc.ABC):
     @abc.abstractmethod
     def stream(self, stream: Stream) -> contextlib.AbstractContextManager: ...
 
-    # ---- what a harness needs on top --------------------------------------
+    @abc.abstractmethod
+    def streams(self) -> Iterable[Stream]:
+        """Every live stream work may have been enqueued on (the current one included)."""
+
+    # ---- what a harness needs on top ----------------------------------------------
     @abc.abstractmethod
     def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region) -> None:
         """Host-to-device copy on the current stream; `region` names what it writes."""
@@ -217,19 +234,45 @@ class Device(abc.ABC):
     def delay(self, us: float) -> None:
         """Hold the current stream for `us` microseconds (a fault, not a sleep on the host)."""
 
-    def access(
+    def launch(
         self,
+        fn: Callable[[], None],
         reads: Sequence[Region] = (),
         writes: Sequence[Region] = (),
         what: str = "",
     ) -> None:
-        """Announce that the next kernels on the current stream read / write these regions.
+        """Run device work `fn` on the current stream; it reads and writes these pool regions.
 
-        The model calls it right before it touches pool memory. The CUDA device only
-        traces it; the simulator also decides here which pending copies have landed.
+        On CUDA `fn` enqueues its kernels now (and is captured with them); the op it
+        becomes names the regions for the analyser. The simulator runs `fn` at the
+        kernel's virtual start instead.
         """
         if self.recording:
-            self._note(Access(self.current_stream().id, tuple(reads), tuple(writes), what))
+            stream = self.current_stream()
+            self._note(Kernel(stream.id, tuple(reads), tuple(writes), what, fn))
+            if self.timing:
+                with self._timed(stream, _kernel_kind(reads, writes), what or "kernel"):
+                    fn()
+                return
+        fn()
+
+    def join_all(self, stream: Stream) -> None:
+        """`stream` waits for all work enqueued so far on every stream of this device."""
+        for other in list(self.streams()):
+            if other is not stream:
+                stream.wait_stream(other)
+
+    @contextlib.contextmanager
+    def _timed(self, stream: Stream, kind: str, name: str) -> Iterator[None]:
+        """Mark `stream` around the work enqueued in the block (CUDA: device-time markers)."""
+        begin = self.mark(stream)
+        yield
+        self._span(stream, kind, name, begin, self.mark(stream))
+
+    def mark(self, stream: Stream) -> Any:
+        """A timing marker on `stream`: where work enqueued next could start. Read it with
+        `marker_us` after a synchronize (device time on CUDA, virtual time on the simulator)."""
+        return None
 
     @abc.abstractmethod
     def capture(self, fn: Callable[[], None], *, warmup: int = 2) -> Graph:
@@ -247,27 +290,19 @@ class Device(abc.ABC):
         """Versions and names for reports."""
         return {"device": self.name, "torch": torch.__version__}
 
-    def _replayed(self, graph: "Graph") -> None:
+    def _replayed(self, graph: Graph) -> None:
         """Trace a replay of `graph` on the current stream (nothing when not tracing)."""
-        if self._trace is not None:
+        if self._trace is not None and self._capture is None:
             self._trace.add(Replay(self.current_stream().id, graph.id, tuple(graph.body)))
 
+    def _saw(self, event: Event) -> None:
+        """The host saw `event` complete: later host work is ordered after it."""
+        if self.recording:
+            self._note(HostWait(event.id))
 
-_UNTIMED = contextlib.nullcontext()
 
-
-class _TimedSpan:
-    """One op's span on a stream while tracing: marks before and after, kept in the trace."""
-
-    def __init__(self, dev: Device, stream: Stream, kind: str, name: str):
-        self.dev, self.stream, self.kind, self.name = dev, stream, kind, name
-
-    def __enter__(self) -> None:
-        self.begin = self.dev.mark(self.stream, end=False)
-
-    def __exit__(self, *exc) -> None:
-        end = self.dev.mark(self.stream, end=True)
-        self.dev._marks.marks.append((self.stream.id, self.name, self.kind, self.begin, end))
+def _kernel_kind(reads: Sequence[Region], writes: Sequence[Region]) -> str:
+    return SpanKind.ACCESS if reads or writes else SpanKind.KERNEL
 
 
 def dtype_of(name: str) -> torch.dtype:

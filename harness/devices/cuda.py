@@ -16,17 +16,24 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from harness.devices.base import (
-    Device,
-    Event,
-    Gate,
+from harness.devices import nvml
+from harness.devices.base import Device, Event, Gate, Graph, Stream, _Capture
+from harness.records.errors import (
+    DeviceUnavailable,
     GateUnavailable,
-    Graph,
-    Stream,
-    _Capture,
+    HarnessError,
+    ReplayTimeout,
 )
-from harness.records.errors import DeviceUnavailable, HarnessError, ReplayTimeout
-from harness.records.trace import Copy, Delay, Hold, HostSync, Record, Region, Wait
+from harness.records.trace import (
+    Copy,
+    Delay,
+    Hold,
+    HostSync,
+    Record,
+    Region,
+    SpanKind,
+    Wait,
+)
 
 
 class CudaStream(Stream):
@@ -37,10 +44,17 @@ class CudaStream(Stream):
         self.name = name
 
     def wait_event(self, event: Event) -> None:
-        if self._device.recording:
-            self._device._note(Wait(self.id, event.id, in_graph=self._device.capturing))
-        with self._device._timed(self, "wait", "wait e{}", event.id):
-            self.raw.wait_event(event.raw)  # type: ignore[attr-defined]
+        dev = self._device
+        raw = event.raw  # type: ignore[attr-defined]
+        if not dev.recording:
+            self.raw.wait_event(raw)  # the hot path
+            return
+        dev._note(Wait(self.id, event.id, dev.capturing, event))
+        if dev.timing:
+            with dev._timed(self, SpanKind.WAIT, f"wait e{event.id}"):
+                self.raw.wait_event(raw)
+        else:
+            self.raw.wait_event(raw)
 
 
 class CudaEvent(Event):
@@ -63,14 +77,18 @@ class CudaEvent(Event):
             return
         stream = stream or dev.current_stream()
         if dev.recording:
-            dev._note(Record(stream.id, self.id))
+            dev._note(Record(stream.id, self.id, self))
         self.raw.record(stream.raw)  # type: ignore[attr-defined]
 
     def query(self) -> bool:
-        return self.raw.query()
+        done = self.raw.query()
+        if done:
+            self._device._saw(self)
+        return done
 
     def synchronize(self) -> None:
         self.raw.synchronize()
+        self._device._saw(self)
 
 
 class CudaGraph(Graph):
@@ -83,7 +101,10 @@ class CudaGraph(Graph):
     def replay(self) -> None:
         dev = self._device
         dev._replayed(self)
-        with dev._timed(None, "replay", "replay graph {}", self.id):
+        if dev.timing:
+            with dev._timed(dev.current_stream(), SpanKind.REPLAY, f"replay graph {self.id}"):
+                self.raw.replay()
+        else:
             self.raw.replay()
 
 
@@ -139,11 +160,13 @@ class CudaGate(Gate):
             self._target += 1
             if self._device.recording:
                 self._device._note(Hold(stream.id, self.id))
-            with self._device._timed(stream, "gate", "gate {}", self.id):
-                (err,) = cu.cuStreamWaitValue32(
-                    cu.CUstream(stream.raw.cuda_stream), self._dptr, self._target,
-                    cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ,
-                )
+            begin = self._device.mark(stream) if self._device.timing else None
+            (err,) = cu.cuStreamWaitValue32(
+                cu.CUstream(stream.raw.cuda_stream), self._dptr, self._target,
+                cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ,
+            )
+            if self._device.timing:
+                self._device._span(stream, SpanKind.GATE, f"gate {self.id}", begin, self._device.mark(stream))
             if err != cu.CUresult.CUDA_SUCCESS:
                 raise GateUnavailable(f"cuStreamWaitValue32 failed: {err}")
             self._watchdog = threading.Timer(self.timeout_s, self._expire)
@@ -210,25 +233,38 @@ class CudaDevice(Device):
     def stream(self, stream: Stream) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(stream.raw)  # type: ignore[attr-defined]
 
+    def streams(self) -> list[CudaStream]:
+        return [*self._owned, self.current_stream()]
+
     # ---- harness surface ------------------------------------------------------------
     def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region) -> None:
-        if self.recording:
-            self._note(Copy(self.current_stream().id, region))
-        with self._timed(None, "copy", "H2D {}", region):
+        if not self.recording:
+            dst.copy_(src, non_blocking=True)  # the hot path
+            return
+        stream = self.current_stream()
+        self._note(Copy(stream.id, region, src.numel() * src.element_size(), (dst, src)))
+        with self._timed_if(stream, SpanKind.COPY, f"H2D {region}"):
             dst.copy_(src, non_blocking=True)
 
     def delay(self, us: float) -> None:
         if us <= 0:
             return
-        if self.recording:
-            self._note(Delay(self.current_stream().id, us))
-        with self._timed(None, "delay", "delay {:g}us", us):
-            torch.cuda._sleep(int(us * self.cycles_per_us))
+        cycles = int(us * self.cycles_per_us)
+        if not self.recording:
+            torch.cuda._sleep(cycles)
+            return
+        stream = self.current_stream()
+        self._note(Delay(stream.id, us))
+        with self._timed_if(stream, SpanKind.DELAY, f"delay {us:g}us"):
+            torch.cuda._sleep(cycles)
+
+    def _timed_if(self, stream: Stream, kind: str, name: str) -> contextlib.AbstractContextManager:
+        return self._timed(stream, kind, name) if self.timing else contextlib.nullcontext()
 
     def gate(self, timeout_s: float) -> CudaGate:
         return CudaGate(self, timeout_s)
 
-    def mark(self, stream: Stream, *, end: bool = True):
+    def mark(self, stream: Stream):
         e = torch.cuda.Event(enable_timing=True)
         e.record(stream.raw)  # type: ignore[attr-defined]
         return e
@@ -317,12 +353,7 @@ class CudaDevice(Device):
             memory_gib=round(props.total_memory / 2**30, 1),
             sleep_cycles_per_us=round(self.cycles_per_us, 1),
         )
-        try:  # the driver version, through NVML, when it is there
-            import pynvml
-
-            pynvml.nvmlInit()
-            d["driver"] = pynvml.nvmlSystemGetDriverVersion()
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001 - optional information only
-            pass
+        driver = nvml.driver_version()
+        if driver:
+            d["driver"] = driver
         return d

@@ -1,33 +1,58 @@
 """A deterministic CPU model of CUDA stream semantics in virtual time.
 
-Compute runs on CPU tensors, in program order, as the Python that issues it
-runs. Each stream keeps a virtual clock (microseconds) and a vector clock. An
-async copy does not touch its destination when it is enqueued: it is pending,
-with a modelled landing time. When the model announces a pool access
-(`Device.access`), each pending copy to that region is applied first if it
-happens-before the access (stream order, event waits, host syncs) or has landed
-by the accessing stream's clock; otherwise the kernel reads what is there (the
-poison), and the copy lands later, clobbering anything written meanwhile.
+Nothing runs when Python enqueues it. Every op goes into its stream's queue with
+the host's virtual time at enqueue (each launch costs the host `launch_us`), and a
+scheduler runs the queues in virtual time, as a GPU would:
 
-Graph replay re-runs the captured Python with Python-level waits ignored, as a
-real replay runs none of them; only waits on external events (captured as graph
-nodes) are honoured. A wait on a plain event during capture fails, as it does
-under CUDA (`cudaErrorStreamCaptureInvalidated`).
+- an op starts when its stream is free, the host has enqueued it, and what it
+  depends on has happened (the latest record of an event it waits on, the host's
+  release of a gate it holds on);
+- a kernel runs its closure at its start, and takes `access_us` (pool-touching)
+  or `kernel_us` of device time;
+- a copy lands (its destination is written) at its end, after `nbytes /
+  bandwidth`; a copy enqueued later that lands earlier lands first;
+- a record completes its event at its start.
+
+The scheduler runs lazily, only as far as the host has got: when the host blocks
+(synchronize, an event's synchronize, a bounded host wait) or polls (`query`,
+which costs `poll_us` of host time, so a polling loop moves on). Work that has
+run never started later than the host clock, so anything the host enqueues next
+starts after it, and a read can never see a write from its future.
+
+Capture records the op list (harness.records.trace) and runs nothing; a replay
+enqueues that list on the replay stream and runs none of the Python that built
+it. Only waits captured as graph nodes (on external events) order a replay; a
+wait on a plain event during capture fails, as CUDA's does
+(`cudaErrorStreamCaptureInvalidated`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
+import math
 import weakref
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
-from harness.records.clocks import Clock, Stamp, StreamClocks
 from harness.devices.base import Device, Event, Gate, Graph, Stream, _Capture
-from harness.records.errors import HarnessError, InputError
-from harness.records.trace import Copy, Delay, Hold, HostSync, HostWait, Record, Region, Wait
+from harness.records.errors import CaptureInvalidated, HarnessError, InputError
+from harness.records.trace import (
+    Copy,
+    Delay,
+    Hold,
+    HostSync,
+    Kernel,
+    Op,
+    Record,
+    Region,
+    SpanKind,
+    Wait,
+)
 
 
 @dataclass(frozen=True)
@@ -37,16 +62,20 @@ class SimCosts:
     bandwidth_gbps: pinned host-to-device copy bandwidth (55 GB/s measured on an H200).
     launch_us:      host time to enqueue one op outside a graph.
     replay_us:      host time to launch one graph replay.
-    access_us:      device time of the work around one pool access (a layer's core).
+    access_us:      device time of a kernel that reads or writes pool memory (a layer's core).
+    kernel_us:      device time of any other kernel.
+    poll_us:        host time of one event query.
     """
 
     bandwidth_gbps: float = 55.0
     launch_us: float = 5.0
     replay_us: float = 10.0
     access_us: float = 20.0
+    kernel_us: float = 2.0
+    poll_us: float = 5.0
 
     @classmethod
-    def from_settings(cls, settings: Sequence[str], source: str = "--sim-cost") -> "SimCosts":
+    def from_settings(cls, settings: Sequence[str], source: str = "--sim-cost") -> SimCosts:
         """`KEY=VALUE` strings (from the command line) over the defaults."""
         names = [f.name for f in fields(cls)]
         values = {}
@@ -55,119 +84,112 @@ class SimCosts:
             if key not in names:
                 raise InputError(source, key or item, f"unknown cost; valid: {', '.join(names)} (as KEY=VALUE)")
             try:
-                value = float(text) if sep else float("nan")
+                value = float(text) if sep else math.nan
             except ValueError:
-                value = float("nan")
-            if not value > 0 or value == float("inf"):
+                value = math.nan
+            if not value > 0 or value == math.inf:
                 raise InputError(source, key, f"expected a positive number, got '{text}'")
             values[key] = value
         return cls(**values)
 
 
-# While a gate holds a stream, its work is placed at HELD and later in virtual time
-# (far past any real run); releasing the gate shifts everything placed there back to
-# the release time. One uniform shift is exact: whatever depends on held work was
-# placed after it through the same max(), so every such time moves together.
-HELD = 1e12
-_HELD_FROM = HELD / 2  # a time at or past this still waits on a held gate
+@dataclass(eq=False)
+class _Mark:
+    """A point the scheduler waits for: an event's record, or a gate's release."""
+
+    time: float | None = None  # virtual microseconds; None: not happened yet
 
 
-def _is_held(t: float | None) -> bool:
-    return t is not None and t >= _HELD_FROM
+@dataclass(eq=False)
+class _Work:
+    """One op in a stream's queue."""
 
-
-class CaptureInvalidated(HarnessError):
-    """A plain event was waited on inside a capture (CUDA invalidates the capture)."""
+    seq: int  # enqueue order: ties in virtual time go to the earlier op
+    ready: float  # the host's virtual time at enqueue: the op cannot start before it
+    duration: float
+    after: _Mark | None = None  # it starts once this has happened
+    run: Callable[[float], None] | None = None  # its effect, called with its start time
+    start: float | None = None  # set once it has run
+    end: float | None = None
 
 
 class SimStream(Stream):
-    def __init__(self, device: "SimDevice", name: str):
+    def __init__(self, device: SimDevice, name: str):
         self._device = device
         self.id = device._new_id()
         self.name = name
-        self.clock = 0.0  # virtual microseconds: when this stream's last op ends
+        self.queue: deque[_Work] = deque()
+        self.free = 0.0  # virtual time its last run op ended
 
     def wait_event(self, event: Event) -> None:
         self._device._wait(self, event)  # type: ignore[arg-type]
 
 
 class SimEvent(Event):
-    def __init__(self, device: "SimDevice", external: bool):
+    def __init__(self, device: SimDevice, external: bool):
         self._device = device
         self.id = device._new_id()
         self.external = external
-        self.time: float | None = None  # virtual time of completion; None: never recorded
-        self.clock: Clock | None = None  # the stream clock it carries; None: never recorded
+        self.latest: _Mark | None = None  # its latest record; None: never recorded
 
     def record(self, stream: Stream | None = None) -> None:
         self._device._record(self, stream or self._device.current_stream())  # type: ignore[arg-type]
 
     def query(self) -> bool:
-        return self.time is None or self.time <= self._device.host_clock
+        return self._device._query(self)
 
     def synchronize(self) -> None:
-        if _is_held(self.time):
-            self._device._open_gates()
-        if self.time is not None:
-            self._device._advance_host(self.time)
-
-
-@dataclass
-class _Pending:
-    dst: torch.Tensor
-    src: torch.Tensor
-    region: Region
-    stamp: Stamp  # its place in the stream order, for happens-before
-    lands: float  # virtual time it lands
+        self._device._block_on(self)
 
 
 class SimGate(Gate):
-    """A gate in virtual time: see HELD. Its watchdog fires when the host would block on it."""
+    """A gate in virtual time: held work waits for the host's release; the watchdog fires when
+    the host would have blocked on the held work, or polled past the timeout, in virtual time."""
 
     mode = "simulated"
 
-    def __init__(self, device: "SimDevice", timeout_s: float):
+    def __init__(self, device: SimDevice, timeout_s: float):
         self._device = device
         self.id = device._new_id()
         self.timeout_s = timeout_s
         self.timed_out = False
-        self._held_from: float | None = None  # virtual time the held stream reached the gate
+        self._open: _Mark | None = None  # the release a held stream waits for
+        self._held_at = 0.0  # host time of the hold
 
     @property
     def held(self) -> bool:
-        return self._held_from is not None
+        return self._open is not None
 
     def hold(self) -> None:
         if self.held:
             raise HarnessError("gate held twice without a release")
-        stream = self._device.current_stream()
-        with self._device._timed(stream, "gate", "gate {}", self.id):
-            self._held_from = self._device._launch(stream, 0.0)
-            stream.clock = max(stream.clock, HELD)
-        self._device._gates.append(self)
-        self._device._note(Hold(stream.id, self.id))
+        dev = self._device
+        self._open, self._held_at = _Mark(), dev.host_clock
+        stream = dev.current_stream()
+        dev._note(Hold(stream.id, self.id))
+        dev._enqueue(stream, 0.0, SpanKind.GATE, f"gate {self.id}", after=self._open)
+        dev._gates.append(self)
 
     def release(self) -> None:
-        if not self.held:
+        if self._open is None:
             return
-        start = max(self._held_from, self._device.host_clock)
-        self._held_from = None
+        self._open.time = self._device.host_clock
+        self._open = None
         self._device._gates.remove(self)
-        self._device._shift_held(HELD - start)
 
     def expire(self) -> None:
-        """The watchdog: the host would have blocked on held work until the timeout."""
-        self._device.host_clock += self.timeout_s * 1e6
+        """The watchdog: the host was held up past the timeout, and the gate opens."""
+        dev = self._device
+        dev.host_clock = max(dev.host_clock, self._held_at + self.timeout_s * 1e6)
         self.timed_out = True
         self.release()
 
 
 class SimGraph(Graph):
-    def __init__(self, device: "SimDevice", graph_id: int, fn: Callable[[], None], body: list):
+    def __init__(self, device: SimDevice, graph_id: int, body: list[Op]):
         self._device = device
         self.id = graph_id
-        self._fn = fn
-        self.body = body
+        self.body = tuple(body)
 
     def replay(self) -> None:
         self._device._replay(self)
@@ -181,14 +203,13 @@ class SimDevice(Device):
         super().__init__()
         self.costs = costs or SimCosts()
         self.host_clock = 0.0
-        self.clocks = StreamClocks()
-        # Weak: a scenario's streams go with its bench (see CudaDevice), so a long run stays fast.
+        # Weak: a scenario's streams go with its testbed, so a long run stays fast.
         self._streams: weakref.WeakSet[SimStream] = weakref.WeakSet()
-        self._pending: list[_Pending] = []
-        self._replaying = False  # re-running a graph's Python: only graph-node waits count
+        self._busy: set[SimStream] = set()  # streams with queued work: kept alive until it has run
+        self._landings: list[tuple[float, int, torch.Tensor, torch.Tensor]] = []  # a heap
+        self._seq = 0
         self._gates: list[SimGate] = []  # gates holding a stream now
-        self._held_events: list[SimEvent] = []  # events placed in held time
-        self._held_marks: list[list[float]] = []  # timeline markers placed in held time
+        self._in_replay: float | None = None  # while a replay enqueues: its launch time
         self._stack: list[SimStream] = [self.Stream("default")]
 
     # ---- device_module surface -------------------------------------------
@@ -205,7 +226,7 @@ class SimDevice(Device):
         return self._stack[-1]
 
     @contextlib.contextmanager
-    def stream(self, stream: Stream):
+    def stream(self, stream: Stream) -> Iterator[Stream]:
         self._stack.append(stream)  # type: ignore[arg-type]
         self._name_stream(stream)
         try:
@@ -213,134 +234,202 @@ class SimDevice(Device):
         finally:
             self._stack.pop()
 
-    # ---- time ---------------------------------------------------------------
-    def _launch(self, stream: SimStream, duration: float) -> float:
-        """Enqueue `duration` of work on `stream`; returns its start time."""
-        if self._replaying:
-            start = stream.clock  # inside a replay the host launched everything at once
+    def streams(self) -> list[SimStream]:
+        return list(self._streams)
+
+    # ---- enqueue ------------------------------------------------------------------
+    def _enqueue(
+        self, stream: SimStream, duration: float, kind: str, name: str, *,
+        after: _Mark | None = None, run: Callable[[float], None] | None = None, span: bool = True,
+    ) -> _Work | None:
+        """Queue one op on `stream` at the host's time (or the replay's launch); None when captured."""
+        if self.capturing:
+            return None
+        if self._in_replay is not None:
+            ready = self._in_replay  # the host launched the whole graph at once
         else:
-            start = max(stream.clock, self.host_clock)
+            ready = self.host_clock
             self.host_clock += self.costs.launch_us
-        stream.clock = start + duration
-        return start
+        self._seq += 1
+        work = _Work(self._seq, ready, duration, after, run)
+        stream.queue.append(work)
+        self._busy.add(stream)
+        if span and self.timing:
+            self._span(stream, kind, name, ("start", work), ("end", work))
+        return work
 
-    def _advance_host(self, t: float) -> None:
-        self.host_clock = max(self.host_clock, t)
-        self._land(lambda p: p.lands <= self.host_clock)
+    def mark(self, stream: Stream) -> Any:
+        work = self._enqueue(stream, 0.0, "", "", span=False)  # type: ignore[arg-type]
+        return None if work is None else ("start", work)
 
-    def _shift_held(self, shift: float) -> None:
-        """Move everything placed in held time back by `shift` (a gate opened)."""
-        if shift <= 0:
-            return
-        for st in self._streams:
-            if _is_held(st.clock):
-                st.clock -= shift
-        for p in self._pending:
-            if _is_held(p.lands):
-                p.lands -= shift
-        for e in self._held_events:
-            if _is_held(e.time):
-                e.time -= shift
-        for m in self._held_marks:
-            if _is_held(m[0]):
-                m[0] -= shift
-        self._held_events = [e for e in self._held_events if _is_held(e.time)]
-        self._held_marks = [m for m in self._held_marks if _is_held(m[0])]
+    def marker_us(self, marker: Any) -> float | None:
+        if marker is None:
+            return None
+        which, work = marker
+        return work.start if which == "start" else work.end
 
-    def _open_gates(self) -> None:
-        """The host would block on work behind a gate: each gate's watchdog opens it."""
-        while self._gates:
-            self._gates[0].expire()
-
-    def gate(self, timeout_s: float) -> SimGate:
-        return SimGate(self, timeout_s)
-
-    def host_wait(self, event: Event, timeout_s: float) -> bool:
-        t = event.time  # type: ignore[attr-defined]
-        if t is not None and t > self.host_clock:
-            if _is_held(t) or t > self.host_clock + timeout_s * 1e6:
-                self.host_clock += timeout_s * 1e6
-                return False
-            self._advance_host(t)
-        self.clocks.host_wait(event.clock)  # type: ignore[attr-defined]
-        self._note(HostWait(event.id))
-        return True
-
-    # ---- timeline markers: virtual times, shifted with held work ----------------
-    def mark(self, stream: Stream, *, end: bool = True):
-        t = stream.clock if end else max(stream.clock, self.host_clock)  # type: ignore[attr-defined]
-        m = [t]
-        if _is_held(t):
-            self._held_marks.append(m)
-        return m
-
-    def marker_us(self, marker) -> float | None:
-        return None if marker is None or _is_held(marker[0]) else marker[0]
-
-    # ---- events ---------------------------------------------------------------
     def _record(self, event: SimEvent, stream: SimStream) -> None:
-        with self._timed(stream, "record", "record e{}", event.id):
-            self._launch(stream, 0.0)
-        event.time = stream.clock
-        if _is_held(event.time):
-            self._held_events.append(event)
-        event.clock = self.clocks.record(stream.id)
-        self._note(Record(stream.id, event.id))
+        self._note(Record(stream.id, event.id, event))
+        mark = _Mark()
+
+        def complete(t: float) -> None:
+            mark.time = t
+
+        if self._enqueue(stream, 0.0, SpanKind.RECORD, f"record e{event.id}", run=complete) is not None:
+            event.latest = mark
 
     def _wait(self, stream: SimStream, event: SimEvent) -> None:
-        if self._replaying and not event.external:
-            return  # a Python-level wait: a real replay never runs it
         if self.capturing and not event.external:
             raise CaptureInvalidated(
                 "a plain event was waited on during graph capture "
                 "(CUDA: cudaErrorStreamCaptureInvalidated); use an external event"
             )
-        self._note(Wait(stream.id, event.id, in_graph=self.capturing))
-        with self._timed(stream, "wait", "wait e{}", event.id):
-            self._launch(stream, 0.0)
-            self.clocks.wait(stream.id, event.clock)  # a never-recorded event orders nothing
-            if event.time is not None:
-                stream.clock = max(stream.clock, event.time)
+        self._note(Wait(stream.id, event.id, self.capturing, event))
+        # A wait on a never-recorded event orders nothing, as CUDA completes it at once.
+        self._enqueue(stream, 0.0, SpanKind.WAIT, f"wait e{event.id}", after=event.latest)
 
-    # ---- copies, delays, accesses -----------------------------------------------
     def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region) -> None:
-        stream = self.current_stream()
         nbytes = src.numel() * src.element_size()
-        with self._timed(stream, "copy", "H2D {}", region):
-            start = self._launch(stream, 0.0)
-            duration = nbytes / (self.costs.bandwidth_gbps * 1e3)  # GB/s -> bytes/us
-            stream.clock = start + duration
-        self._pending.append(_Pending(dst, src, region, self.clocks.stamp(stream.id), stream.clock))
-        self._note(Copy(stream.id, region))
+        self._enqueue_op(Copy(self.current_stream().id, region, nbytes, (dst, src)))
 
     def delay(self, us: float) -> None:
-        with self._timed(None, "delay", "delay {:g}us", us):
-            self._launch(self.current_stream(), us)
-        self._note(Delay(self.current_stream().id, us))
+        if us > 0:
+            self._enqueue_op(Delay(self.current_stream().id, us))
 
-    def access(self, reads=(), writes=(), what: str = "") -> None:
-        super().access(reads, writes, what)
+    def launch(self, fn, reads=(), writes=(), what: str = "") -> None:
+        self._enqueue_op(Kernel(self.current_stream().id, tuple(reads), tuple(writes), what, fn))
+
+    def _enqueue_op(self, op: Copy | Delay | Kernel) -> None:
+        """Note and queue a copy, delay or kernel on the current stream (or on a replay's)."""
+        self._note(op)
         stream = self.current_stream()
-        with self._timed(stream, "access", "{}", what or "access"):
-            start = self._launch(stream, self.costs.access_us)
-        regions = tuple(reads) + tuple(writes)
+        if isinstance(op, Copy):
+            assert op.tensors is not None
+            dst, src = op.tensors
+            us = op.nbytes / (self.costs.bandwidth_gbps * 1e3)  # GB/s -> bytes/us
 
-        def visible(p: _Pending) -> bool:
-            if not any(p.region.overlaps(r) for r in regions):
+            def lands(t: float) -> None:
+                self._seq += 1  # a tie in landing time goes to the copy that started first
+                heapq.heappush(self._landings, (t + us, self._seq, dst, src))
+
+            self._enqueue(stream, us, SpanKind.COPY, f"H2D {op.dst}", run=lands)
+        elif isinstance(op, Delay):
+            self._enqueue(stream, op.us, SpanKind.DELAY, f"delay {op.us:g}us")
+        else:
+            cost = self.costs.access_us if op.touches_pools else self.costs.kernel_us
+            fn = op.fn
+            assert fn is not None
+
+            def run(t: float) -> None:
+                self._land_until(t)  # a kernel sees every copy landed by its start
+                fn()
+
+            kind = SpanKind.ACCESS if op.touches_pools else SpanKind.KERNEL
+            self._enqueue(stream, cost, kind, op.what or "kernel", run=run)
+
+    # ---- the scheduler ---------------------------------------------------------------
+    def _next(self) -> tuple[float, SimStream] | None:
+        """The op that starts first among the streams' heads, and its start; None if all wait."""
+        best: tuple[float, int, SimStream] | None = None
+        for s in self._busy:
+            w = s.queue[0]
+            if w.after is not None and w.after.time is None:
+                continue  # an event not recorded yet, a gate not released
+            start = max(s.free, w.ready, w.after.time if w.after is not None else 0.0)
+            if best is None or (start, w.seq) < best[:2]:
+                best = (start, w.seq, s)
+        return None if best is None else (best[0], best[2])
+
+    def _step(self, limit: float) -> bool:
+        """Run the next op if it starts by `limit`; False when none can."""
+        found = self._next()
+        if found is None or found[0] > limit:
+            return False
+        start, stream = found
+        work = stream.queue.popleft()
+        if not stream.queue:
+            self._busy.discard(stream)
+        work.start, work.end = start, start + work.duration
+        stream.free = work.end
+        if work.run is not None:
+            work.run(start)
+        return True
+
+    def _run_until(self, limit: float) -> None:
+        """Run every op that starts by `limit`, and land every copy that lands by then."""
+        while self._step(limit):
+            pass
+        self._land_until(limit)
+
+    def _land_until(self, t: float) -> None:
+        while self._landings and self._landings[0][0] <= t:
+            _, _, dst, src = heapq.heappop(self._landings)
+            dst.copy_(src)
+
+    def _pending(self) -> bool:
+        return bool(self._busy)
+
+    # ---- the host ---------------------------------------------------------------------
+    def _query(self, event: SimEvent) -> bool:
+        self._run_until(self.host_clock)
+        mark = event.latest
+        done = mark is None or (mark.time is not None and mark.time <= self.host_clock)
+        self.host_clock += self.costs.poll_us  # a polling host moves on
+        for gate in [g for g in self._gates if self.host_clock > g._held_at + g.timeout_s * 1e6]:
+            gate.expire()
+        if done:
+            self._saw(event)
+        return done
+
+    def _until_done(self, mark: _Mark, limit: float) -> bool:
+        """Run ops in time order until `mark` happens (True) or the next op starts past `limit`."""
+        while mark.time is None:
+            if not self._step(limit):
                 return False
-            return self.clocks.ordered(stream.id, p.stamp) or p.lands <= start
+        return True
 
-        self._land(visible)
+    def _block_on(self, event: SimEvent) -> None:
+        """event.synchronize(): the host blocks until the event completes (a gate's watchdog
+        opens what would hold it forever)."""
+        mark = event.latest
+        if mark is not None:
+            while not self._until_done(mark, math.inf):
+                if not self._gates:
+                    raise HarnessError(f"event {event.id} can never complete")
+                self._gates[0].expire()
+            self.host_clock = max(self.host_clock, mark.time or 0.0)
+            self._land_until(self.host_clock)
+        self._saw(event)
 
-    def _land(self, which: Callable[[_Pending], bool]) -> None:
-        """Apply the pending copies `which` selects, in the order they were enqueued."""
-        keep = []
-        for p in self._pending:
-            if which(p):
-                p.dst.copy_(p.src)
-            else:
-                keep.append(p)
-        self._pending = keep
+    def host_wait(self, event: Event, timeout_s: float) -> bool:
+        mark = event.latest  # type: ignore[attr-defined]
+        deadline = self.host_clock + timeout_s * 1e6
+        if mark is not None:
+            if not self._until_done(mark, deadline) or (mark.time or 0.0) > deadline:
+                self.host_clock = deadline
+                self._run_until(deadline)
+                return False
+            self.host_clock = max(self.host_clock, mark.time or 0.0)
+            self._land_until(self.host_clock)
+        self._saw(event)
+        return True
+
+    def synchronize(self, timeout_s: float = 30.0) -> None:
+        # Virtual time always finishes (a held gate's watchdog opens it); the timeout
+        # matters only on real devices.
+        while True:
+            self._run_until(math.inf)
+            if not self._pending():
+                break
+            if not self._gates:
+                raise HarnessError("work on the simulator can never run (waits on nothing that comes)")
+            self._gates[0].expire()
+        ends = [s.free for s in self._streams]  # a stream gone had ended before these
+        self.host_clock = max([self.host_clock, *ends])
+        self._note(HostSync())
+
+    def gate(self, timeout_s: float) -> SimGate:
+        return SimGate(self, timeout_s)
 
     # ---- graphs ---------------------------------------------------------------
     def capture(self, fn: Callable[[], None], *, warmup: int = 2) -> SimGraph:
@@ -355,32 +444,39 @@ class SimDevice(Device):
                 fn()
         finally:
             body, self._capture = self._capture.body, None
-        return SimGraph(self, graph_id, fn, body)
+        # The caller is ordered after the capture stream's warm-up work, as on CUDA.
+        self.current_stream().wait_stream(side)
+        return SimGraph(self, graph_id, body)
 
     def _replay(self, graph: SimGraph) -> None:
+        """Enqueue the captured op list on the current stream: no captured Python runs."""
         self._replayed(graph)
         stream = self.current_stream()
-        stream.clock = max(stream.clock, self.host_clock)
+        launched = self.host_clock
         self.host_clock += self.costs.replay_us
-        prev_trace, self._trace = self._trace, None  # the replay is traced as one op
-        self._replaying = True
+        trace, self._trace = self._trace, None  # the replay is one op of the trace ...
+        first = len(stream.queue)
+        self._in_replay = launched
         try:
-            with self._timed(stream, "replay", "replay graph {}", graph.id):
-                graph._fn()
+            for op in graph.body:
+                self._enqueue_captured(stream, op)
         finally:
-            self._replaying = False
-            self._trace = prev_trace
+            self._in_replay = None
+            self._trace = trace
+        if self.timing and len(stream.queue) > first:  # ... and one span of the timeline
+            works = list(stream.queue)[first:]
+            self._span(stream, SpanKind.REPLAY, f"replay graph {graph.id}", ("start", works[0]), ("end", works[-1]))
 
-    # ---- host ----------------------------------------------------------------
-    def synchronize(self, timeout_s: float = 30.0) -> None:
-        # Virtual time always finishes (a held gate's watchdog opens it); the timeout
-        # matters only on real devices.
-        self._open_gates()
-        self._advance_host(max(s.clock for s in self._streams))
-        self._land(lambda p: True)
-        self.clocks.host_sync()
-        self.clocks.forget({st.id for st in self._streams})
-        self._note(HostSync())
+    def _enqueue_captured(self, stream: SimStream, op: Op) -> None:
+        with self.stream(stream):
+            if isinstance(op, (Copy, Delay, Kernel)):
+                self._enqueue_op(op)
+            elif isinstance(op, Wait):  # a graph node: on the event's latest record at launch
+                self._enqueue(stream, 0.0, SpanKind.WAIT, f"wait e{op.event}", after=op.handle.latest)
+            elif isinstance(op, Record):
+                self._record(op.handle, stream)
+            else:  # pragma: no cover - a capture holds only stream work
+                raise HarnessError(f"cannot replay captured op {op!r}")
 
     def empty_host(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(tuple(shape), dtype=dtype)

@@ -1,7 +1,33 @@
-"""Adapters that run a serving engine's own load-back bookkeeping and fence under the harness.
+"""Adapters that run a serving engine's own code under the harness, chosen by name.
 
 `sglang`: the engine's `LayerDoneCounter` / `LayerLoadingEvent` and
 `PrefillCudaGraphRunner._wait_for_layer_loads` (see `harness.engines.sglang`).
+A scenario picks one with `engine = "NAME"`; its fences are then named like any other.
 """
 
-ENGINES = ("sglang",)
+from __future__ import annotations
+
+from harness.engines import sglang
+from harness.engines.engine import Adapter, Engine
+from harness.records.errors import InputError
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (sglang.ENGINE,)}
+
+
+def engine_named(name: str, source: str = "engine", key: str = "engine") -> Engine:
+    if name not in ENGINES:
+        raise InputError(source, key, f"unknown engine {name!r}; valid: {', '.join(ENGINES)}")
+    return ENGINES[name]
+
+
+def load_engine(name: str, source: str = "engine", key: str = "engine") -> Adapter:
+    """The engine's adapter, loaded; InputError (exit 2) when it cannot be used here."""
+    return engine_named(name, source, key).load(source, key)
+
+
+def engine_of_fence(fence: str) -> Engine | None:
+    """The engine a fence name belongs to, or None for the harness's own fences."""
+    return next((e for e in ENGINES.values() if fence in e.fences), None)
+
+
+__all__ = ["ENGINES", "Adapter", "Engine", "engine_named", "engine_of_fence", "load_engine"]

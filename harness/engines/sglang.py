@@ -24,7 +24,9 @@ import functools
 from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
 
+from harness.engines.engine import Engine
 from harness.records.errors import InputError
+from harness.records.scenario import Backend
 
 CONTROLLER = "sglang.srt.managers.cache_controller"
 RUNNER = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner"
@@ -113,9 +115,7 @@ def stand_in_runner(full_backend: bool, counter) -> SimpleNamespace:
 
 def engine_fence(ctx) -> None:
     """The engine's own fence, `PrefillCudaGraphRunner._wait_for_layer_loads`, before replay."""
-    from harness.model.runners import FullGraphRunner
-
-    load().wait_for_layer_loads(stand_in_runner(isinstance(ctx.runner, FullGraphRunner), ctx.counter))
+    load().wait_for_layer_loads(stand_in_runner(ctx.runner.backend is Backend.FULL, ctx.counter))
 
 
 def _reverted(self) -> None:
@@ -124,7 +124,8 @@ def _reverted(self) -> None:
 
 def engine_reverted_fence(ctx) -> None:
     """The same call with the engine's fence replaced by a no-op (the fix reverted)."""
-    from harness.model.runners import FullGraphRunner
-
     load()
-    _reverted(stand_in_runner(isinstance(ctx.runner, FullGraphRunner), ctx.counter))
+    _reverted(stand_in_runner(ctx.runner.backend is Backend.FULL, ctx.counter))
+
+
+ENGINE = Engine("sglang", load, {"engine": engine_fence, "engine_reverted": engine_reverted_fence})

@@ -10,30 +10,35 @@ partial results.json).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
 import sys
-import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
+from harness.devices import open_device
+from harness.devices.base import Device
+from harness.engines import ENGINES, load_engine
+from harness.frontends import soak
 from harness.frontends.cli_args import device_arguments, positive_int
 from harness.frontends.console import RunConsole, plain_line
-from harness.devices import open_device
-from harness.engines import ENGINES
-from harness.records.errors import HarnessError, InputError
 from harness.frontends.fence_commands import HANDLERS as FENCE_HANDLERS
 from harness.frontends.fence_commands import add_commands as add_fence_commands
+from harness.frontends.session import (
+    Stop,
+    interrupt_signal,
+    run_scenarios,
+    signals_interrupt,
+    write_partial,
+)
+from harness.records.errors import HarnessError, InputError
+from harness.records.scenario import Scenario
+from harness.records.trace import describe
+from harness.report.cli import HANDLERS as REPORT_HANDLERS
+from harness.report.cli import add_commands as add_report_commands
 from harness.run.oracle import ReplayVerdict
 from harness.run.pipeline import ScenarioResult, run_scenario
 from harness.run.plugins import Kind, resolve
-from harness.report.cli import HANDLERS as REPORT_HANDLERS
-from harness.report.cli import add_commands as add_report_commands
-from harness.records.scenario import Scenario
-from harness.records.trace import describe
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,8 +72,6 @@ def _parser() -> argparse.ArgumentParser:
     common(repro)
     add_report_commands(sub)
     add_fence_commands(sub)
-    from harness.frontends import soak  # here, not at the top: soak builds on this module
-
     soak.add_command(sub)
     return p
 
@@ -85,83 +88,9 @@ def _load(files: list[Path], args: argparse.Namespace, default: list[Path] | Non
             resolve(kind, name, f"--{kind.value}", kind.value)  # one-line error, exit 2
             overrides[kind.value] = name
     if getattr(args, "engine", None):
-        from harness.engines.sglang import load
-
-        load("--engine", "engine")  # one-line error, exit 2, when it is not usable here
+        load_engine(args.engine, "--engine", "engine")  # one-line error, exit 2, when not usable here
         overrides["engine"] = args.engine
     return [s.with_overrides(**overrides) for s in scenarios] if overrides else scenarios
-
-
-# ---- interrupts and a lost device: the run stops, what finished is kept ----------------
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM during a command: both take KeyboardInterrupt's path."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def interrupt_signal(e: KeyboardInterrupt) -> signal.Signals:
-    """The signal behind an interrupt; a plain KeyboardInterrupt is Ctrl-C."""
-    return signal.Signals(getattr(e, "signum", signal.SIGINT))
-
-
-@contextlib.contextmanager
-def _signals_interrupt():
-    """SIGINT and SIGTERM raise `Interrupted` while the command runs, and only then.
-
-    The caller's handlers come back afterwards (main() also runs in-process, under
-    pytest). A signal ignored on entry (a background job of a script) stays ignored.
-    Python can only install handlers from the main thread.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise Interrupted(signum)
-
-    previous = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        if signal.getsignal(sig) is not signal.SIG_IGN:
-            previous[sig] = signal.signal(sig, interrupt)
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, signal.SIG_DFL if old is None else old)
-
-
-class DeviceLost(HarnessError):
-    """A CUDA error other than out-of-memory: the context is unusable, nothing more can run."""
-
-    exit_code = 2
-
-    def __init__(self, result: ScenarioResult):
-        super().__init__(f"{result.scenario.name}: {result.error}")
-        self.result = result  # the scenario it happened in, as an error
-
-
-def _is_device_error(e: BaseException) -> bool:
-    if isinstance(e, torch.OutOfMemoryError):
-        return False  # one scenario's problem: run_scenario records it and the run goes on
-    accelerator = getattr(torch, "AcceleratorError", ())
-    return isinstance(e, accelerator) or (isinstance(e, RuntimeError) and "CUDA error" in str(e))
-
-
-def run_one(s: Scenario, dev, replays: int | None, timeout_s: float) -> ScenarioResult:
-    """run_scenario, with a lost device raised as DeviceLost (carrying the scenario's error)."""
-    t0 = time.perf_counter()
-    try:
-        return run_scenario(s, dev, replays=replays, timeout_s=timeout_s)
-    except RuntimeError as e:
-        if not _is_device_error(e):
-            raise
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        r = ScenarioResult(s, error=f"device lost: {first}", wall_s=time.perf_counter() - t0)
-        raise DeviceLost(r) from None
 
 
 @dataclass
@@ -172,62 +101,34 @@ class _Run:
     console: RunConsole
     results: list[ScenarioResult] = field(default_factory=list)
     started: float = field(default_factory=time.time)
-    stopped: str | None = None  # why it ended early: "SIGINT", "SIGTERM" or "device-lost"
-    exit_code: int = 0  # of a stopped run
-    reason: str = ""  # of a stopped run, for the one stderr line
+    stop: Stop | None = None
+
+    @property
+    def not_run(self) -> list[str]:
+        return [s.name for s in self.scenarios[len(self.results):]]
+
+    def partial(self, device: dict, out: Path, sections: dict | None = None) -> int:
+        return write_partial(self.stop, self.results, device, out, self.started,  # type: ignore[arg-type]
+                             {**(sections or {}), "not_run": self.not_run}, len(self.results),
+                             len(self.scenarios))
 
 
-def _run_all(scenarios: list[Scenario], dev, args: argparse.Namespace, status=None) -> _Run:
-    """Run each scenario, one line each; `status(result)` overrides the ok / FAIL column.
-
-    An interrupt or a lost device ends the loop; the finished results are kept.
-    """
-    console = RunConsole()
-    console.start(len(scenarios), dev.name)
-    run = _Run(scenarios, console)
+def _run_all(scenarios: list[Scenario], dev: Device, args: argparse.Namespace,
+             status: Callable[[ScenarioResult], str] | None = None) -> _Run:
+    """Run each scenario, one line each; `status(result)` overrides the ok / FAIL column."""
+    run = _Run(scenarios, RunConsole())
 
     def done(r: ScenarioResult) -> None:
         run.results.append(r)
-        console.scenario_done(r, status(r) if status else None)
+        run.console.scenario_done(r, status(r) if status else None)
         if r.fault_mode and "fallback" in r.fault_mode:
-            console.note(r.fault_mode)
+            run.console.note(r.fault_mode)
 
-    try:
-        for s in scenarios:
-            try:
-                done(run_one(s, dev, args.replays, args.timeout))
-            except DeviceLost as e:
-                done(e.result)
-                run.stopped, run.exit_code, run.reason = "device-lost", e.exit_code, str(e)
-                break
-    except KeyboardInterrupt as e:
-        sig = interrupt_signal(e)
-        run.stopped, run.exit_code, run.reason = sig.name, 128 + sig, f"interrupted ({sig.name})"
-    if run.stopped:
-        console.stop()
+    run.stop = run_scenarios(scenarios, lambda: dev, args.replays, args.timeout, done,
+                             lambda: run.console.start(len(scenarios), dev.name))
+    if run.stop:
+        run.console.stop()
     return run
-
-
-def _write_partial(run: _Run, device: dict, out: Path, sections: dict | None = None) -> int:
-    """A run cut short: the finished scenarios as a partial results.json, one stderr line.
-
-    With nothing finished nothing is written, so the previous results.json stays as it
-    was; otherwise the new one replaces it whole (atomically). summary.md and
-    report.html are not rebuilt here (`fence-harness report` makes them from the file):
-    a run being stopped should stop soon.
-    """
-    from harness.report.results import build_results, write_results
-
-    if run.results:
-        partial = {"partial": True, "interrupted": run.stopped,
-                   "not_run": [s.name for s in run.scenarios[len(run.results):]]}
-        doc = build_results(run.results, device, run.started, time.time(), {**(sections or {}), **partial})
-        path = write_results(out, doc)
-        kept = f"partial results of {len(run.results)}/{len(run.scenarios)} scenarios: {path}"
-    else:
-        kept = f"no scenario finished; {out / 'results.json'} left as it was"
-    print(f"fence-harness: {run.reason}; {kept}", file=sys.stderr)
-    return run.exit_code
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -237,8 +138,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     dev = open_device(args.device, args.sim_costs)
     device = dev.describe()  # before the run: a device lost mid-run cannot describe itself
     run = _run_all(scenarios, dev, args)
-    if run.stopped:
-        return _write_partial(run, device, args.out)
+    if run.stop:
+        return run.partial(device, args.out)
     doc = build_results(run.results, device, run.started, time.time())
     path = write_results(args.out, doc)
     _write_report(doc, args.out)
@@ -247,8 +148,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_mutants(args: argparse.Namespace) -> int:
-    from harness.run.mutants import Role, classify, matrix_ok, matrix_section
     from harness.report.results import build_results, write_results
+    from harness.run.mutants import Role, classify, matrix_ok, matrix_section
     from harness.run.scenario_file import SCENARIO_DIR
 
     scenarios = _load(args.files, args, sorted((SCENARIO_DIR / "mutants").glob("*.toml")))
@@ -257,8 +158,8 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     run = _run_all(scenarios, dev, args, lambda r: f"{classify(r).outcome.value:8s}")
     rows = [classify(r) for r in run.results]
     section = matrix_section(rows)
-    if run.stopped:
-        return _write_partial(run, device, args.out, section)
+    if run.stop:
+        return run.partial(device, args.out, section)
     run.console.stop()
     print("\nkill matrix (evidence: data = stale replays, analysis = happens-before findings):")
     for row in rows:
@@ -324,18 +225,17 @@ def cmd_repro(args: argparse.Namespace) -> int:
     print(f"happens-before findings ({len(r.findings)}):")
     for f in r.findings:
         print(f"  {f.describe()}")
+    print(f"verdict: {r.verdict.describe() if r.verdict else '-'}")
     print(plain_line(r))
     return 0 if r.met else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.frontends.soak import cmd_soak
-
     args = _parser().parse_args(argv)
     try:
-        handlers = {"run": cmd_run, "repro": cmd_repro, "mutants": cmd_mutants, "soak": cmd_soak,
+        handlers = {"run": cmd_run, "repro": cmd_repro, "mutants": cmd_mutants, "soak": soak.cmd_soak,
                     **REPORT_HANDLERS, **FENCE_HANDLERS}
-        with _signals_interrupt():
+        with signals_interrupt():
             return handlers[args.command](args)
     except HarnessError as e:
         print(f"fence-harness: {e}", file=sys.stderr)

@@ -40,15 +40,25 @@ def _layers(r: ScenarioResult) -> str:
     return ",".join(str(k) for k in sorted(r.tally.layer_counts)) or "-"
 
 
+def _expected(r: ScenarioResult) -> str:
+    s = r.scenario
+    return f"{s.expect.value} ({s.evidence.value})" if s.evidence else s.expect.value
+
+
+def _observed(r: ScenarioResult) -> str:
+    """The verdict: 'race (data, analysis)', 'race (analysis)', 'clean'."""
+    return r.verdict.describe() if r.verdict else "-"
+
+
 def plain_line(r: ScenarioResult, status: str | None = None) -> str:
     """One scenario as one fixed-width line; `status` replaces the ok / FAIL column."""
     t = r.tally
     status = status or ("ok  " if r.met else "FAIL")
     if r.error:
-        return f"{status} {r.scenario.name:34s} expected {r.scenario.expect.value:5s}  error: {r.error}"
+        return f"{status} {r.scenario.name:34s} expected {_expected(r):12s}  error: {r.error}"
     return (
-        f"{status} {r.scenario.name:34s} expected {r.scenario.expect.value:5s} "
-        f"observed {r.observed.value:5s} stale {t.stale_replays:>5d}/{t.replays:<5d} "
+        f"{status} {r.scenario.name:34s} expected {_expected(r):12s} "
+        f"observed {_observed(r):21s} stale {t.stale_replays:>5d}/{t.replays:<5d} "
         f"({t.stale_rate:6.1%}) layers {_layers(r):8s} findings {len(r.findings):3d} "
         f"{r.replays_per_s:6.0f} replays/s"
     )
@@ -64,11 +74,11 @@ def _live_line(r: ScenarioResult, status: str | None) -> str:
     """A shorter, coloured line: a terminal may be narrower than the plain line."""
     style = "green" if r.met else "bold red"
     head = f"[{style}]{escape(status or ('ok' if r.met else 'FAIL'))}[/] [bold]{r.scenario.name}[/]"
-    head += f" expected {r.scenario.expect.value}"
+    head += f" expected {_expected(r)}"
     if r.error:
         return f"{head} [red]error[/] {escape(r.error)}"
     t = r.tally
-    return (f"{head} observed {r.observed.value}  stale {t.stale_replays}/{t.replays} "
+    return (f"{head} observed {_observed(r)}  stale {t.stale_replays}/{t.replays} "
             f"({t.stale_rate:.1%})  layers {_layers(r)}  findings {len(r.findings)}  "
             f"{r.replays_per_s:.0f} replays/s")
 
@@ -149,10 +159,11 @@ def results_table(results: Sequence[ScenarioResult]):
         table.add_column(name, justify="right", no_wrap=True)
     for r in results:
         t = r.tally
+        # The evidence is the stale and findings columns: the word alone keeps 80 columns.
         observed = "[red]error[/]" if r.error else (r.observed.value if r.observed else "-")
         table.add_row(
             f"[{'green' if r.met else 'bold red'}]{r.scenario.name}[/]",
-            r.scenario.expect.value,
+            _expected(r),
             observed,
             f"{t.stale_replays}/{t.replays} {t.stale_rate:.0%}",
             _layers(r),

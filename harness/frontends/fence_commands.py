@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.frontends.cli_args import device_arguments, positive_int
 from harness.devices import open_device
+from harness.frontends.cli_args import device_arguments, positive_int
 from harness.protocol.fences import STRATEGIES
-from harness.run.pipeline import ScenarioResult, run_scenario
 from harness.records.scenario import Backend, Expect, Scenario
+from harness.run.pipeline import ScenarioResult, run_scenario
 
 # Kill-matrix mutants whose only defect is the fence: a correct strategy in its place fixes them.
 FENCE_MUTANTS = ("none", "first_event", "wrong_stream", "previous_op")
@@ -39,30 +39,25 @@ def race_scenarios() -> list[Scenario]:
 
 @dataclass(frozen=True)
 class Cell:
+    """One strategy in place of one race scenario's fence; `ok` is its verdict's `met`
+    (each cell expects a race with `none` and clean with every correct strategy)."""
+
     scenario: str
     strategy: str
     stale_replays: int
     replays: int
     findings: int
     error: str | None
-
-    @property
-    def raced(self) -> bool:
-        return self.stale_replays > 0 or self.findings > 0
-
-    @property
-    def ok(self) -> bool:
-        if self.error is not None:
-            return False
-        return self.raced if self.strategy == "none" else not self.raced
+    ok: bool
 
 
 def cell(r: ScenarioResult, base: str) -> Cell:
-    return Cell(base, r.scenario.fence, r.tally.stale_replays, r.tally.replays, len(r.findings), r.error)
+    return Cell(base, r.scenario.fence, r.tally.stale_replays, r.tally.replays, len(r.findings), r.error, r.met)
 
 
 def cmd_fences(args: argparse.Namespace) -> int:
-    from harness.report.results import as_plain, build_results, write_results
+    from harness.records.plain import as_plain
+    from harness.report.results import build_results, write_results
 
     dev = open_device(args.device, args.sim_costs)
     strategies = ["none", *STRATEGIES]
@@ -73,7 +68,8 @@ def cmd_fences(args: argparse.Namespace) -> int:
         row = []
         for strategy in strategies:
             variant = s.with_overrides(name=f"{s.name}@{strategy}", fence=strategy,
-                                       expect=Expect.RACE if strategy == "none" else Expect.CLEAN)
+                                       expect=Expect.RACE if strategy == "none" else Expect.CLEAN,
+                                       evidence=s.evidence if strategy == "none" else None)
             r = run_scenario(variant, dev, replays=args.replays, timeout_s=args.timeout)
             results.append(r)
             c = cell(r, s.name)
@@ -83,7 +79,7 @@ def cmd_fences(args: argparse.Namespace) -> int:
         print(f"{s.name:38s} " + "  ".join(row), flush=True)
     bad = [c for c in cells if not c.ok]
     doc = build_results(results, dev.describe(), started, time.time(),
-                        {"strategies": {"cells": [{**as_plain(c), "ok": c.ok} for c in cells]}})
+                        {"strategies": {"cells": [as_plain(c) for c in cells]}})
     path = write_results(args.out, doc)
     print(f"{len(cells) - len(bad)}/{len(cells)} cells as expected (none caught, every strategy clean); "
           f"results: {path}")
@@ -94,21 +90,25 @@ def cmd_fences(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from harness.run.benchmark import ARMS, DEFAULT_POINT, bench_point, sweep
     from harness.report.results import build_results, write_results
+    from harness.run.benchmark import ARMS, DEFAULT_POINT, bench_point, sweep
+    from harness.run.plugins import Kind, resolve
 
+    arms = args.arms or list(ARMS)
+    for arm in arms:
+        resolve(Kind.FENCE, arm, "--arm", "arm")  # one line, exit 2, for a name that is no fence
     dev = open_device(args.device, args.sim_costs)
     points = [DEFAULT_POINT] if args.points == "default" else sweep()
     print(f"device: {dev.name}  points: {len(points)}  repeats: {args.repeats} (+{args.warmup} warm-up)")
     started, rows = time.time(), []
     for point in points:
-        res = bench_point(dev, point, args.repeats, args.warmup, args.timeout)
+        res = bench_point(dev, point, args.repeats, args.warmup, args.timeout, arms)
         rows += res.rows()
         ld, cp = res.stats["load"], res.stats["compute"]
         print(f"\n{point.kind} {point.layers} layers, prefix {point.prefix}: load {ld.median_ms:.3f} ms "
               f"[{ld.p10_ms:.3f}-{ld.p90_ms:.3f}], compute {cp.median_ms:.3f} ms "
               f"[{cp.p10_ms:.3f}-{cp.p90_ms:.3f}], bound {res.bound_ms:.3f} ms")
-        for arm in ARMS:
+        for arm in arms:
             st = res.stats[arm]
             print(f"  {arm:16s} {st.median_ms:8.3f} ms  p10 {st.p10_ms:7.3f}  p90 {st.p90_ms:7.3f}  "
                   f"x{res.ratio(arm):.2f} of bound  (forward starts at {res.forward_starts[arm].median_ms:.3f} ms)",
@@ -132,6 +132,9 @@ def add_commands(sub) -> None:
                    help="the whole sweep, or the default point only (8 attention layers, 2,048 tokens)")
     b.add_argument("--repeats", type=positive_int, default=100, help="timed rounds per arm (default 100)")
     b.add_argument("--warmup", type=positive_int, default=10, help="untimed rounds first (default 10)")
+    b.add_argument("--arm", dest="arms", action="append", metavar="FENCE",
+                   help="a fence to time (repeatable): a registry name or package.module:callable "
+                        "(default: none and every correct strategy)")
     common(b)
 
 

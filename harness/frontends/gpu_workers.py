@@ -30,27 +30,11 @@ import uuid
 from collections.abc import Callable, Iterable, MutableMapping
 from pathlib import Path
 
+from harness.devices import nvml
+
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 WORKER = "PYTEST_XDIST_WORKER"
 PART_GLOB = "part-*.json"
-
-
-def nvml_gpu_uuids() -> list[str]:
-    """Every GPU's UUID in NVML order; [] without NVML or a driver."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no bindings, no driver: no GPUs to share out
-        return []
-    try:
-        uuids = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
-                 for i in range(pynvml.nvmlDeviceGetCount())]
-    except Exception:  # noqa: BLE001
-        return []
-    finally:
-        pynvml.nvmlShutdown()
-    return [u.decode() if isinstance(u, bytes) else u for u in uuids]
 
 
 def visible_gpus(uuids: list[str], spec: str | None) -> list[str]:
@@ -79,7 +63,7 @@ def gpu_count(environ: MutableMapping[str, str] | None = None,
               list_uuids: Callable[[], list[str]] | None = None) -> int:
     """GPUs the workers can be spread over (0 when none)."""
     environ = os.environ if environ is None else environ
-    return len(visible_gpus((list_uuids or nvml_gpu_uuids)(), environ.get(VISIBLE)))
+    return len(visible_gpus((list_uuids or nvml.gpu_uuids)(), environ.get(VISIBLE)))
 
 
 def worker_index(worker_id: str | None) -> int | None:
@@ -98,7 +82,7 @@ def pin_worker(environ: MutableMapping[str, str] | None = None,
     index = worker_index(environ.get(WORKER))
     if index is None:
         return None
-    gpus = visible_gpus((list_uuids or nvml_gpu_uuids)(), environ.get(VISIBLE))
+    gpus = visible_gpus((list_uuids or nvml.gpu_uuids)(), environ.get(VISIBLE))
     if not gpus:
         return None
     chosen = gpus[index % len(gpus)]

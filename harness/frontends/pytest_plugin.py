@@ -216,11 +216,11 @@ class _State:
         dev = self.device()
         if dev.torch_device.type != "cuda":
             return None
-        import torch
+        from harness.devices import nvml
 
-        found = getattr(torch.cuda.get_device_properties(dev.torch_device), "uuid", None)
+        found = nvml.torch_uuid(dev.torch_device)
         if found:
-            return f"GPU-{found}"
+            return found
         pinned = os.environ.get(gpu_workers.VISIBLE, "")  # an older torch: the worker's pin, if any
         return pinned if pinned.startswith("GPU-") and "," not in pinned else None
 
@@ -425,12 +425,13 @@ def run_harness_scenario(pytestconfig: pytest.Config, harness_device):
 
 @pytest.fixture(scope="session")
 def harness_ground_truth(harness_device):
-    """build(scenario, timeout_s=30.0) -> (bench, oracle): the built bench and its eager ground truth."""
-    from harness.run.pipeline import Bench, ground_truth
+    """build(scenario, timeout_s=30.0) -> (testbed, oracle): the built testbed and its eager ground truth."""
+    from harness.run.replay import ground_truth
+    from harness.run.testbed import Testbed
 
     def build(scenario, timeout_s: float = 30.0):
-        bench = Bench.build(scenario, harness_device)
-        return bench, ground_truth(bench, timeout_s)
+        tb = Testbed(scenario, harness_device)
+        return tb, ground_truth(tb, timeout_s)
 
     return build
 
@@ -460,14 +461,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if torch.cuda.is_available():
         xml.add_global_property("gpu", torch.cuda.get_device_name())
         xml.add_global_property("cuda", torch.version.cuda or "")
-        try:
-            import pynvml
+        from harness.devices import nvml
 
-            pynvml.nvmlInit()
-            xml.add_global_property("driver", pynvml.nvmlSystemGetDriverVersion())
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001 - the driver version is optional information
-            pass
+        driver = nvml.driver_version()
+        if driver:
+            xml.add_global_property("driver", driver)
 
 
 # ---------------------------------------------------------------- reports
@@ -484,8 +482,8 @@ def pytest_configure_node(node) -> None:
 
 
 def _own_part(state: _State) -> dict:
-    from harness.run.mutants import matrix_section
     from harness.report.results import build_results
+    from harness.run.mutants import matrix_section
 
     rows = list(state.matrix_rows.values())
     return build_results(list(state.results.values()), state.describe(), state.started, time.time(),

@@ -28,8 +28,8 @@ CASES = [
 
 def _one(name: str, waits: bool, replays: int) -> dict:
     from harness.devices.cuda import CudaDevice
-    from harness.run.pipeline import run_scenario
     from harness.records.scenario import DelayWhere, Fault, FaultKind
+    from harness.run.pipeline import run_scenario
     from harness.run.scenario_file import default_files, load_files
 
     scenario = {s.name: s for s in load_files(default_files())}[name].with_overrides(accessor="per_layer" if waits else "none")

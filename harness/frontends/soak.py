@@ -6,9 +6,13 @@ breakable runner with the accessors' waits) on a small random model, batch and f
 finding on one of them is a false positive: the harness, or the fix it tests, is wrong.
 
 Every Nth draw also runs its unfenced twin (fence none, or the accessors' waits off),
-to show that races are still caught. A twin that reads no stale data is a missed race;
-under a gate fault that is a failure (the gate holds every copy until after the
-replay), under jitter or chunks it is only counted (a small delay may not race).
+to show that races are still caught in the data: a twin expects a race with
+`evidence = "data"`. A twin whose verdict is not met is a missed race; under a gate
+fault that is a failure (the gate holds every copy until after the replay), under
+jitter or chunks it is only counted (a small delay may not race).
+
+Both sides are judged by the scenario's verdict (`harness.run.verdict`), as every
+other command judges them.
 
 A draw is a function of (seed, index) alone, so `--seed S` repeats a soak's scenarios.
 Exit codes: 0 clean; 1 a false positive, a gate twin that did not race, or a scenario
@@ -19,21 +23,21 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.frontends.cli import DeviceLost, interrupt_signal, run_one
+from harness.devices import open_device
 from harness.frontends.cli_args import device_arguments, positive_float, positive_int
 from harness.frontends.console import plain_line
-from harness.devices import open_device
-from harness.run.pipeline import ScenarioResult
+from harness.frontends.session import run_scenarios, write_partial
 from harness.records.scenario import (
     Backend,
     DelayWhere,
     DType,
+    Evidence,
     Expect,
     Fault,
     FaultKind,
@@ -41,6 +45,7 @@ from harness.records.scenario import (
     Request,
     Scenario,
 )
+from harness.run.pipeline import ScenarioResult
 
 PROGRESS_S = 30.0  # a progress line this often, so a long soak is visibly alive
 
@@ -87,7 +92,7 @@ def draw(seed: int, index: int) -> Scenario:
 def twin(s: Scenario) -> Scenario:
     """The same draw with the ordering that makes it correct taken away."""
     unordered = {"fence": "none"} if s.backend is Backend.FULL else {"accessor": "none"}
-    return s.with_overrides(name=f"{s.name}-twin", expect=Expect.RACE, **unordered)
+    return s.with_overrides(name=f"{s.name}-twin", expect=Expect.RACE, evidence=Evidence.DATA, **unordered)
 
 
 @dataclass
@@ -118,16 +123,17 @@ class Soak:
         s = r.scenario
         self.replays += r.tally.replays
         status = None
+        missed = r.error is None and not r.met
         if s.expect is Expect.CLEAN:
             self.scenarios += 1
             self.faults[s.fault.kind.value] += 1
             self.backends[s.backend.value] += 1
-            if r.error is None and (r.tally.stale_replays or r.findings):
+            if missed:
                 self.false_positives += 1
                 status = "FP  "
         else:
             self.twins += 1
-            if r.error is None and not r.tally.stale_replays:
+            if missed:
                 self.missed[s.fault.kind.value] += 1
                 if s.fault.kind is FaultKind.GATE:
                     status = "MISS"
@@ -179,24 +185,15 @@ def add_command(subparsers) -> None:
                    help="run the unfenced twin of every Nth draw (default 4)")
 
 
-def _soak(soak: Soak, args: argparse.Namespace, deadline: float) -> None:
-    """Draw and run until the deadline (at least one draw); DeviceLost and interrupts escape."""
-    t0, index = time.monotonic(), 0
-    next_progress = t0 + PROGRESS_S
+def _draws(soak: Soak, twin_every: int, deadline: float) -> Iterator[Scenario]:
+    """The soak's scenarios until the deadline (at least one draw), twins in their place."""
+    index = 0
     while index == 0 or time.monotonic() < deadline:
         s = draw(soak.seed, index)
-        for one in [s, twin(s)] if index % args.twin_every == args.twin_every - 1 else [s]:
-            # A fresh device per scenario: a device keeps every stream it ever made and its
-            # host syncs walk them all, so shared by thousands of scenarios it makes each
-            # replay slower than the last.
-            r = run_one(one, open_device(args.device, args.sim_costs), args.replays, args.timeout)
-            status = soak.add(r)
-            if status:
-                print(f"{plain_line(r, status)}  fault {one.fault.describe()}", flush=True)
+        yield s
+        if index % twin_every == twin_every - 1:
+            yield twin(s)
         index += 1
-        if time.monotonic() >= next_progress:
-            print(f"  {soak.summary(time.monotonic() - t0)}", flush=True)
-            next_progress += PROGRESS_S
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
@@ -209,30 +206,26 @@ def cmd_soak(args: argparse.Namespace) -> int:
           f"a twin every {args.twin_every}", flush=True)
     soak = Soak(seed)
     started, t0 = time.time(), time.monotonic()
-    stopped, exit_code, reason = None, 0, ""
-    try:
-        _soak(soak, args, t0 + args.minutes * 60)
-    except DeviceLost as e:
-        soak.add(e.result)
-        print(plain_line(e.result, "ERR "), flush=True)
-        stopped, exit_code, reason = "device-lost", e.exit_code, str(e)
-    except KeyboardInterrupt as e:
-        sig = interrupt_signal(e)
-        stopped, exit_code, reason = sig.name, 128 + sig, f"interrupted ({sig.name})"
+    progress = [t0 + PROGRESS_S]
 
+    def done(r: ScenarioResult) -> None:
+        status = soak.add(r)
+        if status:
+            print(f"{plain_line(r, status)}  fault {r.scenario.fault.describe()}", flush=True)
+        if time.monotonic() >= progress[0]:
+            print(f"  {soak.summary(time.monotonic() - t0)}", flush=True)
+            progress[0] += PROGRESS_S
+
+    # A fresh device per scenario: a device keeps every stream it ever made, and its host
+    # syncs walk them all, so shared by thousands of scenarios it makes each replay slower.
+    stop = run_scenarios(_draws(soak, args.twin_every, t0 + args.minutes * 60),
+                         lambda: open_device(args.device, args.sim_costs), args.replays, args.timeout, done)
     elapsed = time.monotonic() - t0
     print(soak.summary(elapsed), flush=True)
-    if stopped and not (soak.scenarios or soak.twins):
-        print(f"fence-harness: {reason}; no scenario finished; {args.out / 'results.json'} "
-              "left as it was", file=sys.stderr)
-        return exit_code
     sections = {"soak": soak.section(args, elapsed)}
-    if stopped:
-        sections.update(partial=True, interrupted=stopped)
-    doc = build_results(soak.failures, device, started, time.time(), sections)
-    path = write_results(args.out, doc)
-    if stopped:
-        print(f"fence-harness: {reason}; partial soak results: {path}", file=sys.stderr)
-        return exit_code
+    if stop:
+        return write_partial(stop, soak.failures, device, args.out, started, sections,
+                             soak.scenarios + soak.twins)
+    path = write_results(args.out, build_results(soak.failures, device, started, time.time(), sections))
     print(f"results: {path}")
     return 1 if soak.failed else 0

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from harness.protocol.pools import Layout
+from harness.protocol.layout import Layout
 
 EPS = 1e-6  # RMSNorm epsilon, the same constant the model uses
 F64 = torch.float64

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
+from typing import Any
 
 from harness.devices.base import Device, Graph
-from harness.records.errors import HarnessError
-from harness.protocol.loadback import LayerDoneCounter
 from harness.model.stack import HybridModel, Step
+from harness.records.errors import HarnessError
 from harness.records.scenario import Backend
 
 
 class Runner(abc.ABC):
-    def __init__(self, dev: Device, model: HybridModel, counter: LayerDoneCounter):
+    backend: Backend
+
+    def __init__(self, dev: Device, model: HybridModel, counter: Any):
         self.dev = dev
         self.model = model
         self.counter = counter
@@ -40,11 +42,15 @@ class Runner(abc.ABC):
 
 
 class EagerRunner(Runner):
+    backend = Backend.EAGER
+
     def run(self) -> None:
         self.model.forward()
 
 
 class BreakableRunner(Runner):
+    backend = Backend.BREAKABLE
+
     def prepare(self) -> None:
         self._check_no_pending_load()
         self.plan: list[Callable[[], None]] = []
@@ -52,11 +58,11 @@ class BreakableRunner(Runner):
 
         def close() -> None:
             if segment:
-                fns = [s.fn for s in segment]
+                runs = [s.run for s in segment]
 
                 def run_segment() -> None:
-                    for fn in fns:
-                        fn()
+                    for run in runs:
+                        run()
 
                 self.plan.append(self.dev.capture(run_segment).replay)
                 segment.clear()
@@ -64,7 +70,7 @@ class BreakableRunner(Runner):
         for step in self.model.steps:
             if step.reads_pool:
                 close()
-                self.plan.append(step.fn)
+                self.plan.append(step.run)
             else:
                 segment.append(step)
         close()
@@ -75,6 +81,7 @@ class BreakableRunner(Runner):
 
 
 class FullGraphRunner(Runner):
+    backend = Backend.FULL
     graph: Graph
 
     def prepare(self) -> None:
@@ -90,3 +97,10 @@ RUNNERS: dict[Backend, type[Runner]] = {
     Backend.BREAKABLE: BreakableRunner,
     Backend.FULL: FullGraphRunner,
 }
+
+
+def make_runner(backend: Backend, dev: Device, model: HybridModel, counter: Any) -> Runner:
+    """A runner of `backend`, its graphs captured (call with the forward stream current)."""
+    runner = RUNNERS[backend](dev, model, counter)
+    runner.prepare()
+    return runner

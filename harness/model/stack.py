@@ -5,11 +5,14 @@ pool and attends over prefix + new tokens read back from that pool. `M` is a
 Mamba-style layer: it reads conv and SSM state from its state-pool slot and
 writes the updated state back in place, as prefill does.
 
-The forward is a list of `Step`s that write only into static buffers, so the
-same code runs eagerly, as graph segments with pool-reading steps between them
-(breakable), or as one captured graph (full). Every pool-reading step first
-copies what it read into a probe buffer (part of the captured work), which is
-what the oracle compares against ground truth.
+The forward is a list of `Step`s. A step runs on the host: a pool-reading step
+first calls the pool accessors (the engine's waiting points), then every step
+launches its device work (`Device.launch`) into static buffers, naming the pool
+regions it reads and writes. So the same code runs eagerly, as graph segments with
+pool-reading steps between them (breakable), or as one captured graph (full), and
+a replay runs the launched work only. Every pool-reading kernel first copies what it
+read into a probe buffer (part of the captured work), which is what the oracle
+compares against ground truth.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from harness.devices.base import Device, dtype_of
-from harness.protocol.pools import HybridPool, Layout, prefix_regions
+from harness.model.arena import arena_layout
+from harness.protocol.layout import Layout, prefix_regions
+from harness.protocol.pools import HybridPool
 from harness.records.trace import Pool, Region
 
 EPS = 1e-6
@@ -32,7 +37,7 @@ DECAY_RANGE = (0.97, 0.995)  # per-channel SSM decay; keeps a^-T finite in fp32 
 @dataclass(frozen=True)
 class Step:
     name: str
-    fn: Callable[[], None]
+    run: Callable[[], None]  # host code: accessors (pool steps), then one launch
     reads_pool: bool  # pool-reading steps run eagerly under the breakable backend
 
 
@@ -171,37 +176,17 @@ def init_weights(layout: Layout, seed: int, device: torch.device):
 
 
 class ProbeSet:
-    """Static buffers the forward writes what it read into (and its output)."""
+    """Static buffers the forward writes what it read into (and its output): views of one arena."""
 
     def __init__(self, layout: Layout, device: torch.device):
-        s = layout.shape
-        dt = dtype_of(s.dtype)
-        n_a, n_m, b = len(s.attention_layers), len(s.mamba_layers), len(layout.requests)
-        kv = (n_a, layout.total_prefix, s.kv_heads, s.head_dim)
-        # One flat arena so that poisoning and comparing are a few kernels, not one per layer.
-        sizes = {
-            "k": math.prod(kv),
-            "v": math.prod(kv),
-            "conv": n_m * b * s.d_inner * (s.conv - 1),
-            "ssm": n_m * b * s.d_inner * s.state,
-            "final_conv": n_m * b * s.d_inner * (s.conv - 1),
-            "final_ssm": n_m * b * s.d_inner * s.state,
-            "out": layout.total_new * s.hidden,
-        }
-        self.arena = torch.empty(sum(sizes.values()), dtype=dt, device=device)
-        self.offsets: dict[str, tuple[int, int]] = {}
-        at = 0
-        for name, n in sizes.items():
-            self.offsets[name] = (at, at + n)
-            at += n
-        view = lambda name, shape: self.arena[slice(*self.offsets[name])].view(shape)  # noqa: E731
-        self.k = view("k", kv)
-        self.v = view("v", kv)
-        self.conv = view("conv", (n_m, b, s.d_inner, s.conv - 1))
-        self.ssm = view("ssm", (n_m, b, s.d_inner, s.state))
-        self.final_conv = view("final_conv", (n_m, b, s.d_inner, s.conv - 1))
-        self.final_ssm = view("final_ssm", (n_m, b, s.d_inner, s.state))
-        self.out = view("out", (layout.total_new, s.hidden))
+        self.layout = arena_layout(layout)
+        self.arena = torch.empty(self.layout.size, dtype=dtype_of(layout.shape.dtype), device=device)
+        spans = self.layout.spans()
+        views = {s.name: self.arena[slice(*spans[s.name])].view(s.shape) for s in self.layout.segments}
+        self.k, self.v = views["k"], views["v"]
+        self.conv, self.ssm = views["conv"], views["ssm"]
+        self.final_conv, self.final_ssm = views["final_conv"], views["final_ssm"]
+        self.out = views["out"]
 
 
 class HybridModel:
@@ -230,7 +215,7 @@ class HybridModel:
             [slot for r in layout.requests for slot in r.new], dtype=torch.long, device=device
         )
         reqs = layout.requests
-        self.mamba_slots = slice(reqs[0].mamba_slot, reqs[-1].mamba_slot + 1)
+        self.mamba_slots = layout.mamba_rows
         self.masks = [causal_mask(len(r.prefix), len(r.new), device) for r in reqs]
         # Regions each layer loads (and so reads stale when unfenced), and the new-token
         # slots attention writes: fixed per batch, so built once, not per replay.
@@ -243,21 +228,24 @@ class HybridModel:
 
     # ---- steps ----------------------------------------------------------------
     def _build_steps(self) -> list[Step]:
-        steps = [Step("embed", lambda: self.h.copy_(self.x), False)]
+        def compute(name: str, kernel: Callable[[], None]) -> Step:
+            return Step(name, lambda: self.dev.launch(kernel, what=name), False)
+
+        steps = [compute("embed", lambda: self.h.copy_(self.x))]
         for lid, w in enumerate(self.layers):
             if isinstance(w, AttentionWeights):
                 steps += [
-                    Step(f"L{lid}.qkv", lambda lid=lid, w=w: self._qkv(w), False),
-                    Step(f"L{lid}.attention", lambda lid=lid: self._attention_core(lid), True),
-                    Step(f"L{lid}.o_mlp", lambda w=w: self._o_mlp(w), False),
+                    compute(f"L{lid}.qkv", lambda w=w: self._qkv(w)),
+                    Step(f"L{lid}.attention", lambda lid=lid: self._attention_step(lid), True),
+                    compute(f"L{lid}.o_mlp", lambda w=w: self._o_mlp(w)),
                 ]
             else:
                 steps += [
-                    Step(f"L{lid}.in_proj", lambda w=w: self._in_proj(w), False),
-                    Step(f"L{lid}.mamba", lambda lid=lid: self._mamba_core(lid), True),
-                    Step(f"L{lid}.out_proj", lambda w=w: self._out_proj(w), False),
+                    compute(f"L{lid}.in_proj", lambda w=w: self._in_proj(w)),
+                    Step(f"L{lid}.mamba", lambda lid=lid: self._mamba_step(lid), True),
+                    compute(f"L{lid}.out_proj", lambda w=w: self._out_proj(w)),
                 ]
-        steps.append(Step("final_norm", self._final, False))
+        steps.append(compute("final_norm", self._final))
         return steps
 
     def _qkv(self, w: AttentionWeights) -> None:
@@ -267,16 +255,19 @@ class HybridModel:
         self.k_new.copy_(qkv[:, s.heads : s.heads + s.kv_heads])
         self.v_new.copy_(qkv[:, s.heads + s.kv_heads :])
 
-    def _attention_core(self, lid: int) -> None:
-        layout, kv = self.layout, self.pool.kv
+    def _attention_step(self, lid: int) -> None:
+        kv = self.pool.kv
         k_buf = kv.get_key_buffer(lid)  # the engine's waiting accessors
         v_buf = kv.get_value_buffer(lid)
-        self.dev.access(reads=self.loaded[lid], writes=self.new_kv[lid], what=f"L{lid} attention")
+        self.dev.launch(lambda: self._attention(lid, k_buf, v_buf),
+                        reads=self.loaded[lid], writes=self.new_kv[lid], what=f"L{lid} attention")
+
+    def _attention(self, lid: int, k_buf: torch.Tensor, v_buf: torch.Tensor) -> None:
         k_buf.index_copy_(0, self.new_slots, self.k_new)
         v_buf.index_copy_(0, self.new_slots, self.v_new)
-        a = kv.layer_index[lid]
+        a = self.pool.kv.layer_index[lid]
         width = self.q.shape[1] * self.q.shape[2]
-        for r in layout.requests:
+        for r in self.layout.requests:
             rows = slice(r.host_offset, r.host_offset + len(r.prefix))
             self.probes.k[a, rows].copy_(k_buf[r.prefix.start : r.prefix.stop])
             self.probes.v[a, rows].copy_(v_buf[r.prefix.start : r.prefix.stop])
@@ -296,10 +287,12 @@ class HybridModel:
         self.u.copy_(uz[:, : self.u.shape[1]])
         self.z.copy_(uz[:, self.u.shape[1] :])
 
-    def _mamba_core(self, lid: int) -> None:
+    def _mamba_step(self, lid: int) -> None:
         conv, ssm = self.pool.mamba_layer_cache(lid)  # the hybrid pool's waiting accessor
         regions = self.loaded[lid]
-        self.dev.access(reads=regions, writes=regions, what=f"L{lid} mamba")
+        self.dev.launch(lambda: self._mamba(lid, conv, ssm), reads=regions, writes=regions, what=f"L{lid} mamba")
+
+    def _mamba(self, lid: int, conv: torch.Tensor, ssm: torch.Tensor) -> None:
         m = self.pool.mamba.layer_index[lid]
         self.probes.conv[m].copy_(conv[self.mamba_slots])
         self.probes.ssm[m].copy_(ssm[self.mamba_slots])
@@ -323,12 +316,15 @@ class HybridModel:
     # ---- whole forward and observation -------------------------------------------
     def forward(self) -> None:
         for step in self.steps:
-            step.fn()
+            step.run()
 
     def collect_final_state(self) -> None:
-        """Copy the post-prefill Mamba state into the probe arena (after the forward)."""
+        """Copy the post-prefill Mamba state into the probe arena (the harness's own look)."""
         for lid in self.layout.shape.mamba_layers:
             m = self.pool.mamba.layer_index[lid]
-            self.dev.access(reads=self.loaded[lid], what=f"L{lid} final state")
-            self.probes.final_conv[m].copy_(self.pool.mamba.conv[m, self.mamba_slots])
-            self.probes.final_ssm[m].copy_(self.pool.mamba.ssm[m, self.mamba_slots])
+
+            def collect(m: int = m) -> None:
+                self.probes.final_conv[m].copy_(self.pool.mamba.conv[m, self.mamba_slots])
+                self.probes.final_ssm[m].copy_(self.pool.mamba.ssm[m, self.mamba_slots])
+
+            self.dev.launch(collect, reads=self.loaded[lid], what=f"L{lid} final state")

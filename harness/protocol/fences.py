@@ -1,76 +1,96 @@
 """Fence strategies: what the forward stream does right before a replay.
 
-A fence is a callable `fence(ctx: FenceContext) -> Runner | None`, called on
-the host with the forward stream current, after the batch's load op was
-enqueued and right before the forward. It enqueues whatever waits it wants (it
-must not block the host unless that is the strategy: then through
-`ctx.host_wait`), and may return a runner to run this batch instead of the
-scenario's (None: the scenario's).
+A fence is a callable `fence(ctx: FenceContext) -> Runner | None`, called on the
+host with the forward stream current, after the batch's load op was enqueued and
+right before the forward. It enqueues whatever waits it wants (it must not block
+the host unless that is the strategy: then through `ctx.host_wait`), and may return
+a runner to run this batch instead of the scenario's (None: the scenario's).
 
 A strategy that needs set-up is a class: the harness makes one instance per
-scenario and, before the runner captures anything, calls its
-`setup(s: FenceSetup)` once (it can add per-layer events, change what the pool
-accessors wait on, or prepare another runner).
+scenario and, before the runner captures anything, calls its `setup(s: FenceSetup)`
+once (it can add accessor waits, act on every load op's layer events, or prepare
+another runner).
 
-Correct strategies and known-bad ones (mutants, which the kill matrix proves
-the harness catches) sit in one registry. A user's own fence is named in a
-scenario file or on the command line as `package.module:callable`.
+Correct strategies and known-bad ones (mutants, which the kill matrix proves the
+harness catches) sit in one registry; an engine adapter adds the engine's own
+(`harness.engines`). A user's own fence is named in a scenario file or on the
+command line as `package.module:callable`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from harness.devices.base import Device, Event, Stream
-from harness.engines.sglang import (  # imports no engine until called
-    engine_fence,
-    engine_reverted_fence,
-)
-from harness.protocol.loadback import RING, LayerDoneCounter, LayerLoadingEvent
+from harness.protocol.accessors import AccessorPolicy
+from harness.protocol.loadback import RING
+from harness.protocol.schedules import LayerListener, LoadOp
+from harness.records.scenario import Backend
 
-if TYPE_CHECKING:
-    from harness.model.stack import HybridModel
-    from harness.protocol.pools import HybridPool
-    from harness.model.runners import Runner
+
+class Runner(Protocol):
+    """What runs one forward (`harness.model.runners`): `run()` enqueues it on the current stream."""
+
+    backend: Backend
+
+    def run(self) -> None: ...
 
 
 @dataclass(frozen=True)
 class FenceContext:
-    """What a fence gets.
+    """What a fence gets, each replay.
 
-    dev       the device (`dev.current_stream()`, `dev.Event()`, `dev.synchronize()` ...)
-    forward   the stream the replay is enqueued on (current when the fence runs)
-    load      the load-back side stream
-    counter   the `LayerDoneCounter`: `consumer_index` is the pending op's slot in the
-              ring of 3 (-1: no load pending), `wait_until(i)` waits on its event i
-    op        the pending load op's `LayerLoadingEvent` (`start_event`, `load_events`,
-              `finish_event`), or None when no load is pending
-    runner    the runner about to enqueue the forward
-    replay    the replay's index in the scenario (0-based)
-    host_wait block the host until an event completes (bounded by the replay timeout;
-              a gate fault's gate is opened first, as nothing else could open it)
+    dev        the device (`dev.current_stream()`, `dev.Event()` ...)
+    forward    the stream the replay is enqueued on (current when the fence runs)
+    load       the load-back side stream
+    counter    the `LayerDoneCounter`: `consumer_index` is the pending op's slot in the
+               ring of 3 (-1: no load pending), `wait_until(i)` waits on its event i
+    op         the pending `LoadOp` (the one the schedule got: `finish_event`,
+               `load_events`, `plan`, `layout`, `index` ...), or None when no load is pending
+    runner     the runner about to enqueue the forward (`runner.backend`)
+    replay     the replay's index in the scenario (0-based; -1 for the traced replay the
+               harness runs first, which is not counted)
+    host_wait  `host_wait(event)` blocks the host until the event completes (bounded by
+               the replay timeout; a gate fault's gate is opened first, as nothing else
+               could open it). `event.query()` polls instead: a True orders the host after
+               the event, as a wait does.
     """
 
     dev: Device
     forward: Stream
     load: Stream
-    counter: LayerDoneCounter
-    op: LayerLoadingEvent | None = None
-    runner: "Runner | None" = None
-    replay: int = 0
-    host_wait: Callable[[Event], None] = field(default=lambda event: event.synchronize())
+    counter: Any
+    op: LoadOp | None
+    runner: Runner
+    replay: int
+    host_wait: Callable[[Event], None]
 
 
 @dataclass(frozen=True)
 class FenceSetup:
-    """What a strategy's `setup` gets, once, before anything is captured."""
+    """What a strategy's `setup` gets, once per scenario, before anything is captured.
+
+    dev, forward, load, counter  as in FenceContext (no load is pending now)
+    pool            the pools (`pool.kv`, `pool.mamba`)
+    runner          `runner(backend)` builds and captures another runner on this scenario's
+                    model (`Backend.BREAKABLE`, `Backend.FULL`, `Backend.EAGER`)
+    add_wait        `add_wait(policy)`: every pool accessor also runs `policy(counter,
+                    layer_id, pool)`, eagerly and while the graph is captured (a wait on an
+                    external event made then becomes a wait node of the graph)
+    on_layer_loaded `on_layer_loaded(fn)`: every load op calls `fn(layer)` on the load
+                    stream right after it records that layer's event
+    """
 
     dev: Device
-    counter: LayerDoneCounter
-    pool: "HybridPool"
-    model: "HybridModel"
+    forward: Stream
+    load: Stream
+    counter: Any
+    pool: Any
+    runner: Callable[[Backend], Runner]
+    add_wait: Callable[[AccessorPolicy], None]
+    on_layer_loaded: Callable[[LayerListener], None]
 
 
 FenceFn = Callable[[FenceContext], "Runner | None"]
@@ -94,21 +114,19 @@ def final_event_fence(ctx: FenceContext) -> None:
 class LayerwiseGraphFence:
     """Per-layer external events waited on inside the captured graph.
 
-    Each load op re-records one fixed set of external events, layer by layer, on
-    the load stream (`LayerLoadingEvent.mirror`); every pool accessor waits on its
-    layer's event, and under capture those waits become wait nodes of the graph.
-    A replay then waits layer by layer and keeps the overlap of layer i's compute
-    with layer i+1's copy. The graph waits on the set's latest record: a load op
-    must have re-recorded the set before the replay is launched (the harness and
-    the engine start the load before the forward), and with no load pending the
-    waits are on completed events and cost almost nothing.
+    Every load op re-records one fixed set of external events, layer by layer, on the
+    load stream; every pool accessor waits on its layer's event, and under capture
+    those waits become wait nodes of the graph. A replay then waits layer by layer and
+    keeps the overlap of layer i's compute with layer i+1's copy. The graph waits on
+    the set's latest record: a load op must have re-recorded the set before the replay
+    is launched (the harness and the engine start the load before the forward); with
+    no load pending the waits are on completed events and cost almost nothing.
     """
 
     def setup(self, s: FenceSetup) -> None:
-        self.events = [s.dev.Event(external=True) for _ in range(s.counter.num_layers)]
-        for op in s.counter.events:
-            op.mirror = self.events
-        s.pool.set_graph_events(self.events)
+        events = [s.dev.Event(external=True) for _ in range(s.counter.num_layers)]
+        s.on_layer_loaded(lambda layer: events[layer].record())
+        s.add_wait(lambda counter, layer_id, pool: events[layer_id].wait())
 
     def __call__(self, ctx: FenceContext) -> None:
         return None  # the waits are inside the graph
@@ -124,12 +142,9 @@ class EagerFallbackFence:
     """A batch with a pending load runs the breakable path (waits fire) instead of the graph."""
 
     def setup(self, s: FenceSetup) -> None:
-        from harness.model.runners import BreakableRunner
+        self.fallback = s.runner(Backend.BREAKABLE)
 
-        self.fallback = BreakableRunner(s.dev, s.model, s.counter)
-        self.fallback.prepare()
-
-    def __call__(self, ctx: FenceContext) -> "Runner | None":
+    def __call__(self, ctx: FenceContext) -> Runner | None:
         return self.fallback if ctx.counter.consumer_index >= 0 else None
 
 
@@ -155,7 +170,7 @@ def previous_op_fence(ctx: FenceContext) -> None:
         c.events[(c.consumer_index - 1) % RING].finish_event.wait(ctx.forward)
 
 
-# Correct strategies first; a class is instantiated per scenario and set up.
+# Correct strategies, in the order reports list them; a class is instantiated per scenario.
 STRATEGIES = ("final_event", "layerwise_graph", "host_sync", "eager_fallback")
 
 FENCES: dict[str, FenceFn | type] = {
@@ -167,8 +182,4 @@ FENCES: dict[str, FenceFn | type] = {
     "first_event": first_event_fence,
     "wrong_stream": wrong_stream_fence,
     "previous_op": previous_op_fence,
-    # The engine's own fence and its reverted twin; they need `engine = "sglang"`.
-    "engine": engine_fence,
-    "engine_reverted": engine_reverted_fence,
 }
-ENGINE_FENCES = ("engine", "engine_reverted")

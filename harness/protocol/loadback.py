@@ -13,17 +13,19 @@ the host never blocks.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from harness.devices.base import Device, Event
-from harness.records.errors import HarnessError
+from harness.protocol.layout import Layout, prefix_regions
+from harness.records.errors import SlotReusedEarly
 from harness.records.trace import Region
 
 if TYPE_CHECKING:
-    from harness.protocol.pools import HostPool, HybridPool, Layout
+    from harness.protocol.pools import HostPool, HybridPool
 
 RING = 3  # the engine keeps three event sets: in use, loading, being released
 
@@ -31,22 +33,17 @@ RING = 3  # the engine keeps three event sets: in use, loading, being released
 class LayerLoadingEvent:
     """One load op's events: a start event and one event per layer."""
 
-    def __init__(self, dev: Device, num_layers: int, *, external: bool = False):
+    def __init__(self, dev: Device, num_layers: int):
         self._dev = dev
         self.num_layers = num_layers
-        self.load_events: list[Event] = [dev.Event(external=external) for _ in range(num_layers)]
+        self.load_events: list[Event] = [dev.Event() for _ in range(num_layers)]
         self.start_event: Event = dev.Event()
-        # Events a strategy wants re-recorded with each layer's (the layerwise_graph fence's
-        # external events, which a captured graph waits on); None: none.
-        self.mirror: list[Event] | None = None
 
     def complete(self, layer_index: int) -> None:
         """Record layer `layer_index`'s event on the current (load) stream."""
         if not 0 <= layer_index < self.num_layers:
             raise IndexError(f"layer {layer_index} out of range 0..{self.num_layers - 1}")
         self.load_events[layer_index].record()
-        if self.mirror is not None:
-            self.mirror[layer_index].record()
 
     def wait(self, layer_index: int) -> None:
         self._dev.current_stream().wait_event(self.load_events[layer_index])
@@ -56,14 +53,10 @@ class LayerLoadingEvent:
         return self.load_events[-1]
 
 
-class SlotReusedEarly(HarnessError):
-    """The ring wrapped onto an event set whose last load had not finished."""
-
-
 class LayerDoneCounter:
-    def __init__(self, dev: Device, num_layers: int, *, external: bool = False):
+    def __init__(self, dev: Device, num_layers: int):
         self.num_layers = num_layers
-        self.events = [LayerLoadingEvent(dev, num_layers, external=external) for _ in range(RING)]
+        self.events = [LayerLoadingEvent(dev, num_layers) for _ in range(RING)]
         self.producer_index = -1
         self.consumer_index = -1
 
@@ -84,10 +77,6 @@ class LayerDoneCounter:
             return  # no pending load for this batch (and always so during capture)
         self.events[self.consumer_index].wait(threshold)
 
-    def reset(self) -> None:
-        self.producer_index = -1
-        self.consumer_index = -1
-
 
 @dataclass(frozen=True)
 class LayerCopy:
@@ -107,9 +96,7 @@ def _split(n: int, parts: int) -> list[slice]:
     return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
-def plan_copies(
-    layout: "Layout", host: "HostPool", pool: "HybridPool", chunks: int = 1
-) -> CopyPlan:
+def plan_copies(layout: Layout, host: HostPool, pool: HybridPool, chunks: int = 1) -> CopyPlan:
     """Each layer's H2D copies, as views, built once so a load op only enqueues them.
 
     Attention layers copy K and V per request (each request's prefix is contiguous
@@ -128,7 +115,9 @@ def plan_copies(
     return plan
 
 
-def stale_by_chunk(stale_slots, plan: CopyPlan):
+def stale_by_chunk(
+    stale_slots: frozenset[tuple[int, str, int]], plan: CopyPlan
+) -> Iterator[tuple[int, list[Region], list[set[int]]]]:
     """(layer, chunk regions, stale slots in each chunk) for every whole copy of a chunked plan.
 
     `stale_slots` holds (layer, pool, slot), as a replay verdict's `slots` do; chunks come in
@@ -145,10 +134,10 @@ def stale_by_chunk(stale_slots, plan: CopyPlan):
             ]
 
 
-def _layer_copies(layout: "Layout", host: "HostPool", pool: "HybridPool", layer: int):
+def _layer_copies(
+    layout: Layout, host: HostPool, pool: HybridPool, layer: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, Region]]:
     """(device view, host view, region) of each whole copy of one layer."""
-    from harness.protocol.pools import prefix_regions
-
     regions = prefix_regions(layout, layer)
     if layout.shape.layers[layer] == "A":
         a = pool.kv.layer_index[layer]
@@ -160,8 +149,6 @@ def _layer_copies(layout: "Layout", host: "HostPool", pool: "HybridPool", layer:
             yield pool.kv.v[a, dst], host.v[a, rows], rv
     else:
         m = pool.mamba.layer_index[layer]
-        first = layout.requests[0].mamba_slot
-        dst = slice(first, first + len(layout.requests))
         rc, rs = regions
-        yield pool.mamba.conv[m, dst], host.conv[m], rc
-        yield pool.mamba.ssm[m, dst], host.ssm[m], rs
+        yield pool.mamba.conv[m, layout.mamba_rows], host.conv[m], rc
+        yield pool.mamba.ssm[m, layout.mamba_rows], host.ssm[m], rs

@@ -1,7 +1,7 @@
 """Load-back schedules: how one load op enqueues its copies and events.
 
-A schedule is a callable `schedule(op: LoadOp) -> None`, run with the load
-stream current. The correct one, `layerwise`, is the engine's: wait on the
+A schedule is a callable `schedule(op: LoadOp) -> None`, run on the host with the
+load stream current. The correct one, `layerwise`, is the engine's: wait on the
 op's start event (recorded on the scheduling stream, so the copies are ordered
 after everything enqueued there before, including a previous batch's replay),
 then for each layer its copies and `load_events[layer]`.
@@ -13,51 +13,90 @@ harness catches them. A user's own schedule is named in a scenario file as
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from harness.devices.base import Device, Stream
+from harness.devices.base import Device, Event, Gate, Stream
+from harness.protocol.layout import Layout
+from harness.protocol.loadback import CopyPlan, LayerCopy
 from harness.records.faults import FaultPlan
-from harness.protocol.loadback import CopyPlan, LayerCopy, LayerDoneCounter, LayerLoadingEvent
+from harness.records.scenario import LAYER_KINDS
+
+# Called with a layer index right after that layer's event is recorded (load stream current).
+LayerListener = Callable[[int], None]
 
 
 @dataclass
 class LoadOp:
-    """One load op, as a schedule sees it.
+    """One load op, as a schedule and a fence see it.
+
+    Everything it enqueues goes on the current stream, which is the load stream
+    while a schedule runs (`stream`).
 
     dev       the device (`dev.delay`, `dev.copy_async`, `dev.Event` ...)
-    stream    the load stream (also the current stream while the schedule runs)
-    events    this op's `LayerLoadingEvent`: `start_event`, `load_events[i]`,
-              `finish_event` (= `load_events[-1]`), `complete(i)` records event i
+    stream    the load stream
+    events    this op's load-event set (`start_event`, `load_events[i]`, `finish_event`,
+              `complete(i)`): the harness's, or the engine's own under `engine = ...`
     plan      plan[layer][chunk]: the `LayerCopy`s (dst, src, region) to enqueue
     fault     the `FaultPlan` of this replay (`pause(layer, chunk)` applies it)
-    gate      a device gate to hold the stream on, or None (`hold()` applies it)
     index     the op's slot in the counter's ring of 3 (the batch's consumer index)
+    layout    where the batch lives: `layout.shape` (layers, sizes), `layout.requests`
+    gate      a device gate the fault holds the stream on, or None (`hold()` applies it)
     """
 
     dev: Device
     stream: Stream
-    events: LayerLoadingEvent
+    events: Any
     plan: CopyPlan
     fault: FaultPlan
     index: int
-    gate: object | None = None
+    layout: Layout
+    gate: Gate | None = None
+    listeners: Sequence[LayerListener] = ()
     held: bool = field(default=False, init=False)
 
+    # ---- what it is ---------------------------------------------------------------
     @property
     def num_layers(self) -> int:
         return len(self.plan)
 
+    @property
+    def page_size(self) -> int:
+        """KV slots per page (prefixes are allocated in whole pages; page 0 is padding)."""
+        return self.layout.shape.page_size
+
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """"attention" or "mamba" for each layer, by global layer id."""
+        return tuple(LAYER_KINDS[k] for k in self.layout.shape.layers)
+
+    @property
+    def start_event(self) -> Event:
+        return self.events.start_event
+
+    @property
+    def load_events(self) -> list[Event]:
+        return self.events.load_events
+
+    @property
+    def finish_event(self) -> Event:
+        """The op's final event, `load_events[-1]`: what the engine's fence waits on."""
+        return self.events.finish_event
+
+    # ---- what a schedule does (each on the current stream) ----------------------
     def wait_start(self) -> None:
-        self.events.start_event.wait(self.stream)
+        """The load stream waits on the start event (ordered after the scheduling stream)."""
+        self.start_event.wait(self.stream)
 
     def hold(self) -> None:
-        """Hold the stream on the gate (when the fault has one) until the host releases it."""
+        """Hold the current stream on the gate (when the fault has one) until the host opens it."""
         if self.gate is not None and not self.held:
             self.gate.hold()
             self.held = True
 
     def pause(self, layer: int, chunk: int = 0) -> None:
+        """The fault's delay before copy `chunk` of `layer`, on the current stream."""
         us = self.fault.pause_us(layer, chunk)
         if us > 0:
             self.dev.delay(us)
@@ -72,6 +111,12 @@ class LoadOp:
             for c in copies:
                 self.copy(c)
 
+    def complete(self, layer: int) -> None:
+        """Record layer `layer`'s load event on the current stream: its copies are done."""
+        self.events.complete(layer)
+        for listener in self.listeners:
+            listener(layer)
+
 
 Schedule = Callable[[LoadOp], None]
 
@@ -82,7 +127,7 @@ def layerwise(op: LoadOp) -> None:
     op.hold()
     for layer in range(op.num_layers):
         op.copy_layer(layer)
-        op.events.complete(layer)
+        op.complete(layer)
 
 
 def final_event_early(op: LoadOp) -> None:
@@ -95,8 +140,8 @@ def final_event_early(op: LoadOp) -> None:
     last = op.num_layers - 1
     for layer in range(last):
         op.copy_layer(layer)
-        op.events.complete(layer)
-    op.events.complete(last)
+        op.complete(layer)
+    op.complete(last)
     op.hold()
     op.copy_layer(last)
 
@@ -110,7 +155,7 @@ def no_start_wait(op: LoadOp) -> None:
     op.hold()
     for layer in range(op.num_layers):
         op.copy_layer(layer)
-        op.events.complete(layer)
+        op.complete(layer)
 
 
 SCHEDULES: dict[str, Schedule] = {
@@ -122,12 +167,14 @@ SCHEDULES: dict[str, Schedule] = {
 
 def start_loading(
     dev: Device,
-    counter: LayerDoneCounter,
+    counter: Any,
     load_stream: Stream,
     plan: CopyPlan,
     fault: FaultPlan,
+    layout: Layout,
     schedule: Schedule = layerwise,
-    gate: object | None = None,
+    gate: Gate | None = None,
+    listeners: Sequence[LayerListener] = (),
 ) -> LoadOp:
     """Enqueue one load op; returns it (its `index` is the batch's consumer index).
 
@@ -137,7 +184,7 @@ def start_loading(
     index = counter.update_producer()
     events = counter.events[index]
     events.start_event.record()  # on the scheduling stream
-    op = LoadOp(dev, load_stream, events, plan, fault, index, gate)
+    op = LoadOp(dev, load_stream, events, plan, fault, index, layout, gate, listeners)
     with dev.stream(load_stream):
         schedule(op)
     return op

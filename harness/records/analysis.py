@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 from harness.records.clocks import Stamp, StreamClocks
 from harness.records.trace import (
-    Access,
     Copy,
     Delay,
     Hold,
     HostSync,
     HostWait,
+    Kernel,
     Op,
     Record,
     Region,
@@ -150,7 +150,7 @@ class _Walker:
                     kind = RaceKind.WRITE_AFTER_WRITE if acc.is_write else RaceKind.WRITE_AFTER_READ
                     self.report(kind, copy, acc, True)
             self.copies.append(copy)
-        elif isinstance(op, Access):
+        elif isinstance(op, Kernel):
             sides = [(r, False) for r in op.reads] + [(w, True) for w in op.writes]
             for region, is_write in sides:
                 acc = _Access(self.clocks.stamp(sid), region, is_write, op.what, in_replay)

@@ -38,3 +38,44 @@ class ReplayTimeout(HarnessError):
     """A replay, a load-back or a gate did not finish within its deadline."""
 
     exit_code = 1
+
+
+class DeviceLost(HarnessError):
+    """A CUDA error other than out of memory: the context is unusable, nothing more can run.
+
+    `result` is the scenario it happened in, ended as an error (when there was one).
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, result: object = None):
+        super().__init__(message)
+        self.result = result
+
+
+class GateUnavailable(HarnessError):
+    """No gate can be built here (the message says why); a long delay stands in for it."""
+
+
+class GateTimeout(HarnessError):
+    """A gate stayed shut past its timeout; its watchdog opened it."""
+
+
+class CaptureInvalidated(HarnessError):
+    """A plain event was waited on inside a capture (CUDA invalidates the capture).
+
+    Use an external event (`dev.Event(external=True)`): a wait on one is captured as a
+    graph node.
+    """
+
+
+class SlotReusedEarly(HarnessError):
+    """The ring of load-event sets wrapped onto a set whose last load had not finished."""
+
+
+class PluginError(HarnessError):
+    """A plugin (fence, accessor, schedule) raised, or returned something it must not.
+
+    It ends the scenario it happened in, as that scenario's error; the run goes on.
+    Fix the plugin named in the message.
+    """

@@ -47,10 +47,6 @@ class FaultPlan:
             return jitter_us(f.seed, self.replay, layer, f.us)
         return 0.0
 
-    @property
-    def chunks(self) -> int:
-        return self.fault.chunks if self.fault.kind is FaultKind.CHUNKED else 1
-
 
 def jitter_us(seed: int, replay: int, layer: int, most: float) -> float:
     # A string seed hashes the same in every process (unlike hash() of a tuple).
@@ -67,6 +63,6 @@ def sweep_points(fault: Fault) -> list[tuple[float, Fault]]:
     ]
 
 
-def gate_fallback(fault: Fault) -> Fault:
+def gate_fallback() -> Fault:
     """The long delay that stands in for a gate where no gate can be built."""
     return Fault(FaultKind.DELAY, GATE_FALLBACK_US, DelayWhere.FIRST)

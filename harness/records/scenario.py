@@ -54,6 +54,13 @@ class Expect(NamedEnum):
     CLEAN = "clean"
 
 
+class Evidence(NamedEnum):
+    """What can show a race: the data a replay read or wrote, or the happens-before analysis."""
+
+    DATA = "data"  # a replay read stale data, or left a wrong post-prefill state or output
+    ANALYSIS = "analysis"  # the analyser found an unordered copy/access pair in the op list
+
+
 class DType(NamedEnum):
     BF16 = "bf16"
     FP16 = "fp16"
@@ -172,6 +179,9 @@ class Scenario:
     hazard: Hazard = Hazard.RAW
     engine: str | None = None  # "sglang": the engine's own counter (and fences "engine*")
     fault: Fault = field(default_factory=Fault)
+    # For expect = race: the evidence the race must show (None: any). "data" is for a
+    # scenario meant to show the data going wrong, not only the missing ordering.
+    evidence: Evidence | None = None
     replays: int = 100
     seed: int = 0
     poison: float = float("nan")

@@ -1,17 +1,26 @@
-"""The trace both devices record: plain, frozen records of stream-ordered work.
+"""The op list: plain, frozen records of stream-ordered work, executable and analysable.
 
-One schema for the CUDA device and the simulator, so that a happens-before
-analysis reads either. Ids are small integers given out by the device.
+One schema for both devices. While capturing, a device appends these records to the
+graph's body; while tracing, to a `Trace`. The records carry what a replay needs to
+run them again without any of the Python that issued them: a kernel carries its
+closure, a copy its tensors. So one list is both the model of a replay that the
+simulator executes and the one the happens-before analyser reads
+(`harness.records.analysis`). Payloads (closures, tensors) take no part in equality
+or repr: two traces are equal when they describe the same work.
+
+Ids are small integers given out by the device.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Union
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Union
 
 StreamId = int
 EventId = int
 GraphId = int
+GateId = int
 
 
 class Pool:
@@ -32,7 +41,7 @@ class Region:
     start: int  # first slot
     stop: int  # one past the last slot
 
-    def overlaps(self, other: "Region") -> bool:
+    def overlaps(self, other: Region) -> bool:
         return (
             self.pool == other.pool
             and self.layer == other.layer
@@ -46,14 +55,19 @@ class Region:
 
 @dataclass(frozen=True)
 class Copy:
+    """An async host-to-device copy into `dst` (its payload: the device view and the host view)."""
+
     stream: StreamId
     dst: Region
+    nbytes: int = field(default=0, compare=False)
+    tensors: tuple[Any, Any] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
 class Record:
     stream: StreamId
     event: EventId
+    handle: Any = field(default=None, compare=False, repr=False)  # the device's event
 
 
 @dataclass(frozen=True)
@@ -61,16 +75,26 @@ class Wait:
     stream: StreamId
     event: EventId
     in_graph: bool = False  # captured as a graph node (external event)
+    handle: Any = field(default=None, compare=False, repr=False)  # the device's event
 
 
 @dataclass(frozen=True)
-class Access:
-    """A kernel's reads and writes of pool regions, as the model announces them."""
+class Kernel:
+    """Device work and the pool regions it reads and writes, as the model announces them.
+
+    `fn` enqueues the work (on CUDA) or computes it (on the simulator); a replay runs
+    it and nothing else of the Python around it.
+    """
 
     stream: StreamId
-    reads: tuple[Region, ...]
-    writes: tuple[Region, ...]
+    reads: tuple[Region, ...] = ()
+    writes: tuple[Region, ...] = ()
     what: str = ""
+    fn: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def touches_pools(self) -> bool:
+        return bool(self.reads or self.writes)
 
 
 @dataclass(frozen=True)
@@ -84,7 +108,7 @@ class Hold:
     """The stream waits on a host-released gate (it orders nothing: the host is not a stream)."""
 
     stream: StreamId
-    gate: int
+    gate: GateId
 
 
 @dataclass(frozen=True)
@@ -94,7 +118,7 @@ class HostSync:
 
 @dataclass(frozen=True)
 class HostWait:
-    """The host blocked until one event completed (a host-side fence)."""
+    """The host saw one event complete (a blocking wait, or a query that returned True)."""
 
     event: EventId
 
@@ -105,15 +129,23 @@ class Replay:
 
     stream: StreamId
     graph: GraphId
-    body: tuple["Op", ...] = field(default=())
+    body: tuple[Op, ...] = field(default=())
 
 
-Op = Union[Copy, Record, Wait, Access, Delay, Hold, HostSync, HostWait, Replay]
+Op = Union[Copy, Record, Wait, Kernel, Delay, Hold, HostSync, HostWait, Replay]
 
 
-def describe(op: "Op", names: dict[StreamId, str], indent: str = "") -> str:
+def on_stream(op: Op, stream: StreamId) -> Op:
+    """The same op enqueued on `stream` (a replay runs its captured body on the replay stream)."""
+    return replace(op, stream=stream) if hasattr(op, "stream") else op
+
+
+def describe(op: Op, names: dict[StreamId, str], indent: str = "") -> str:
     """One op in words, for `repro` output."""
-    name = lambda sid: names.get(sid, f"stream{sid}")  # noqa: E731
+
+    def name(sid: StreamId) -> str:
+        return names.get(sid, f"stream{sid}")
+
     if isinstance(op, Copy):
         return f"{indent}{name(op.stream)}: H2D copy -> {op.dst}"
     if isinstance(op, Record):
@@ -123,19 +155,35 @@ def describe(op: "Op", names: dict[StreamId, str], indent: str = "") -> str:
         return f"{indent}{name(op.stream)}: wait event {op.event}{where}"
     if isinstance(op, Delay):
         return f"{indent}{name(op.stream)}: delay {op.us:g} us"
-    if isinstance(op, Access):
+    if isinstance(op, Kernel):
         parts = [f"reads {', '.join(map(str, op.reads))}"] if op.reads else []
         parts += [f"writes {', '.join(map(str, op.writes))}"] if op.writes else []
-        return f"{indent}{name(op.stream)}: {op.what or 'access'} {'; '.join(parts)}"
+        return f"{indent}{name(op.stream)}: {op.what or 'kernel'} {'; '.join(parts)}".rstrip()
     if isinstance(op, Hold):
         return f"{indent}{name(op.stream)}: hold on gate {op.gate} until the host releases it"
     if isinstance(op, HostSync):
         return f"{indent}host: synchronize"
     if isinstance(op, HostWait):
-        return f"{indent}host: wait for event {op.event}"
+        return f"{indent}host: saw event {op.event} complete"
     lines = [f"{indent}{name(op.stream)}: replay graph {op.graph} ({len(op.body)} captured ops)"]
     lines += [describe(o, names, indent + "    ") for o in op.body]
     return "\n".join(lines)
+
+
+class SpanKind:
+    """What a timeline span shows (plain strings keep JSON simple)."""
+
+    COPY = "copy"
+    RECORD = "record"
+    WAIT = "wait"
+    REPLAY = "replay"
+    DELAY = "delay"
+    GATE = "gate"
+    ACCESS = "access"  # a kernel that reads or writes pool memory
+    KERNEL = "kernel"  # a kernel that touches no pool
+    SYNC = "sync"
+
+    ALL = (COPY, RECORD, WAIT, REPLAY, DELAY, GATE, ACCESS, KERNEL, SYNC)
 
 
 @dataclass(frozen=True)
@@ -144,7 +192,7 @@ class Span:
 
     stream: str
     name: str
-    kind: str  # copy | record | wait | replay | delay | gate | access
+    kind: str  # a SpanKind
     start_us: float
     end_us: float
 

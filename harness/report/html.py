@@ -15,8 +15,8 @@ import json
 from html import escape
 from pathlib import Path
 
-from harness.report.summary import headline, observed_text, stale_text, variant_label
 from harness.report.results import write_atomic
+from harness.report.summary import headline, observed_text, stale_text, variant_label
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 76em; padding: 0 1em; color: #222; }

@@ -7,10 +7,7 @@ counts, stale rate, localisation and timings.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import json
-import math
 import os
 import platform
 import subprocess
@@ -21,35 +18,24 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from harness.run.pipeline import ScenarioResult
+from harness.records.plain import as_plain
 from harness.report.environment import collect_environment
+from harness.run.pipeline import ScenarioResult
 
 SCHEMA_VERSION = 1
 
 
-def as_plain(obj):
-    """Dataclasses, enums and tuples to JSON-ready values (NaN poison as a string)."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name: as_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if isinstance(obj, (list, tuple)):
-        return [as_plain(x) for x in obj]
-    if isinstance(obj, dict):
-        return {str(k): as_plain(v) for k, v in obj.items()}
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    return obj
-
-
 def scenario_entry(r: ScenarioResult) -> dict:
     t = r.tally
+    v = r.verdict if r.verdict is not None else r.seal()
     return {
         "name": r.scenario.name,
         "definition": as_plain(r.scenario),
         "expect": r.scenario.expect.value,
-        "observed": r.observed.value if r.observed else None,
-        "met": r.met,
+        "observed": v.observed.value if v.observed else None,
+        "evidence": [e.value for e in v.evidence],  # what showed the race: data, analysis
+        "met": v.met,
+        "verdict": v.describe(),
         "error": r.error,
         "replays": t.replays,
         "stale_replays": t.stale_replays,
@@ -87,9 +73,9 @@ def _engine(name: str | None) -> dict | None:
     """The engine a scenario ran on, and its version (loaded by then)."""
     if name is None:
         return None
-    from harness.engines.sglang import load
+    from harness.engines import load_engine
 
-    return {"name": name, "version": load().version}
+    return {"name": name, "version": load_engine(name).version}
 
 
 def git_commit() -> str | None:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.records.errors import InputError
+from harness.records.trace import SpanKind
 from harness.report.results import SCHEMA_VERSION
 
 
@@ -81,12 +82,14 @@ INT = "int"
 STR = "str"
 BOOL = "bool"
 
-SPAN_KINDS = OneOf("copy", "record", "wait", "replay", "delay", "gate", "access", "sync")
+SPAN_KINDS = OneOf(*SpanKind.ALL)
 
 SCENARIO = {
     "name": STR,
     "expect": OneOf("race", "clean"),
     "observed": Nullable(OneOf("race", "clean")),
+    "evidence?": [OneOf("data", "analysis")],
+    "verdict?": STR,
     "met": BOOL,
     "error": Nullable(STR),
     "replays": INT,

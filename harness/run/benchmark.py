@@ -1,43 +1,40 @@
-"""What each correct fence costs: load-back plus prefill, end to end, per strategy.
+"""What each fence costs: load-back plus prefill, end to end, per strategy.
 
-For each point of the sweep (model kind x layers x prefix length) one bench is
-built and every strategy gets its own runner on it (the same memory, the same
-copies). One iteration of an arm, timed with device events on the forward
-stream (virtual time on the simulator):
+For each point of the sweep (model kind x layers x prefix length) every arm, a
+fence of the registry (or a plugin, named like any fence), gets a testbed of its
+own, set up as a scenario with that fence is, and runs the replay loop of
+`harness.run.replay` with nothing observed. One iteration is timed with markers on
+the forward stream (device events; virtual time on the simulator):
 
-    mark -> start the load op -> fence -> forward -> mark -> synchronize
+    mark -> start the load op -> fence -> mark -> forward -> mark -> synchronize
 
 `load` (the load op alone, the forward stream waiting on its final event) and
-`compute` (the forward with no load pending) are timed the same way; no
-strategy can beat max(load, compute). Arms run round-robin, warm-up first, so
-drift hits them alike; each reports median and p10 / p90 over the repeats.
+`compute` (the forward with no load pending) are timed the same way, on a plain
+testbed; no strategy can beat max(load, compute). Arms run round-robin, warm-up
+first, so drift hits them alike; each reports median and p10 / p90 over the repeats.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.protocol.accessors import per_layer
 from harness.devices.base import Device
-from harness.records.faults import FaultPlan
-from harness.protocol.fences import (
-    STRATEGIES,
-    EagerFallbackFence,
-    FenceContext,
-    FenceSetup,
-    LayerwiseGraphFence,
-    final_event_fence,
-    host_sync_fence,
-    no_fence,
+from harness.protocol.fences import STRATEGIES
+from harness.records.scenario import (
+    Backend,
+    Expect,
+    Fault,
+    ModelShape,
+    Request,
+    Scenario,
 )
-from harness.run.pipeline import Bench
-from harness.model.runners import FullGraphRunner, Runner
-from harness.records.scenario import Backend, Expect, Fault, ModelShape, Request, Scenario
+from harness.run.replay import Marks, Replayer
+from harness.run.testbed import Testbed
 
 BASELINES = ("load", "compute")
-ARMS = ("none", *STRATEGIES)
+ARMS = ("none", *STRATEGIES)  # the default arms; any fence name (or plugin) can be one
 
 
 @dataclass(frozen=True)
@@ -115,75 +112,49 @@ class PointResult:
         ]
 
 
-class _Arms:
-    """Every arm of one point. The layerwise graph gets a bench of its own: its pool
-    accessors wait on graph events and its load ops re-record them, for good (the
-    simulator re-runs a graph's Python on replay, so that state must not change
-    after capture); every other arm shares the plain bench and its one full graph."""
+class _Arm:
+    """One arm's testbed and replay loop; `time()` runs one iteration and reads its markers."""
 
-    def __init__(self, dev: Device, point: Point, timeout_s: float):
-        self.dev, self.timeout_s = dev, timeout_s
-        b = self.b = Bench.build(point.scenario(), dev)
-        lb = self.lb = Bench.build(point.scenario(), dev)
-        for bench in (b, lb):
-            bench.set_waits(per_layer)
-        with dev.stream(b.forward):
-            self.full = FullGraphRunner(dev, b.model, b.counter)
-            self.full.prepare()
-            fallback = EagerFallbackFence()
-            fallback.setup(FenceSetup(dev, b.counter, b.pool, b.model))
-        with dev.stream(lb.forward):
-            LayerwiseGraphFence().setup(FenceSetup(dev, lb.counter, lb.pool, lb.model))
-            layerwise_full = FullGraphRunner(dev, lb.model, lb.counter)
-            layerwise_full.prepare()  # the accessors' graph-event waits become wait nodes
-        dev.synchronize(timeout_s)
-        self.gaps: dict[str, list[float]] = {}
-        self.arms: dict[str, tuple[Bench, Runner, Callable]] = {
-            "none": (b, self.full, no_fence),
-            "final_event": (b, self.full, final_event_fence),
-            "layerwise_graph": (lb, layerwise_full, no_fence),
-            "host_sync": (b, self.full, host_sync_fence),
-            "eager_fallback": (b, self.full, fallback),
-        }
+    def __init__(self, dev: Device, scenario: Scenario, timeout_s: float):
+        self.dev = dev
+        tb = Testbed(scenario, dev)
+        tb.set_waits(tb.accessor)
+        tb.setup_fence()
+        self.replay = Replayer(tb, tb.runner(scenario.backend), timeout_s)
+        self.forward = tb.forward
 
-    def time(self, arm: str) -> float:
-        """One iteration of `arm`, in microseconds of device (or virtual) time."""
-        b, dev = (self.arms[arm][0] if arm in self.arms else self.b), self.dev
-        with dev.stream(b.forward):
-            start = dev.mark(b.forward, end=False)
-            if arm == "compute":  # no load pending: the plain graph alone
-                self.full.run()
-            elif arm == "load":
-                op = b.start_load(FaultPlan(Fault()))
-                op.events.finish_event.wait(b.forward)
-            else:
-                _, runner, fence = self.arms[arm]
-                op = b.start_load(FaultPlan(Fault()))
-                ctx = FenceContext(dev, b.forward, b.load, b.counter, op.events, runner)
-                chosen = fence(ctx) or runner
-                launch = dev.mark(b.forward, end=False)  # where the forward could start
-                chosen.run()
-            end = dev.mark(b.forward)
-        dev.synchronize(self.timeout_s)
-        b.counter.set_consumer(-1)
-        if arm in self.arms:
-            # From the start of the load op to where the forward could start: the host's
-            # enqueue of the load op (paid by every strategy, and not part of
-            # max(load, compute)) plus whatever the fence made the forward wait.
-            self.gaps.setdefault(arm, []).append(dev.marker_us(launch) - dev.marker_us(start))
-        return dev.marker_us(end) - dev.marker_us(start)
+    def time(self, load: bool = True, forward: bool = True) -> tuple[float, float]:
+        """(end to end, load op start to where the forward could start), in microseconds."""
+        marks = Marks()
+        self.replay.run(0, Fault(), marks, load=load, forward=forward)
+        us = self.dev.marker_us
+        start = us(marks.start)
+        assert start is not None
+        return (us(marks.end) or start) - start, (us(marks.launch) or start) - start
 
 
-def bench_point(dev: Device, point: Point, repeats: int, warmup: int, timeout_s: float = 30.0) -> PointResult:
-    arms = _Arms(dev, point, timeout_s)
-    names = [*BASELINES, *ARMS]
-    samples: dict[str, list[float]] = {n: [] for n in names}
+def bench_point(dev: Device, point: Point, repeats: int, warmup: int, timeout_s: float = 30.0,
+                arms: Sequence[str] = ARMS) -> PointResult:
+    base = _Arm(dev, point.scenario(), timeout_s)
+    runs = {name: _Arm(dev, point.scenario().with_overrides(fence=name), timeout_s) for name in arms}
+    dev.synchronize(timeout_s)
+    samples: dict[str, list[float]] = {n: [] for n in (*BASELINES, *arms)}
+    gaps: dict[str, list[float]] = {n: [] for n in arms}
     for rep in range(warmup + repeats):
-        if rep == warmup:
-            arms.gaps.clear()
-        for name in names:  # round-robin: drift and clock changes hit every arm alike
-            t = arms.time(name)
-            if rep >= warmup:
-                samples[name].append(t)
-    gaps = {n: Stats.of(xs) for n, xs in arms.gaps.items()}
-    return PointResult(point, {n: Stats.of(xs) for n, xs in samples.items()}, gaps)
+        timed = rep >= warmup
+        # Round-robin: drift and clock changes hit every arm alike.
+        load_us, _ = base.time(forward=False)
+        compute_us, _ = base.time(load=False)
+        if timed:
+            samples["load"].append(load_us)
+            samples["compute"].append(compute_us)
+        for name, arm in runs.items():
+            total, gap = arm.time()
+            if timed:
+                samples[name].append(total)
+                # From the start of the load op to where the forward could start: the host's
+                # enqueue of the load op (paid by every strategy, and not part of
+                # max(load, compute)) plus whatever the fence made the forward wait.
+                gaps[name].append(gap)
+    return PointResult(point, {n: Stats.of(xs) for n, xs in samples.items()},
+                       {n: Stats.of(xs) for n, xs in gaps.items()})

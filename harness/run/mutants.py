@@ -1,9 +1,10 @@
 """The mutant kill matrix: each known-bad variant must be caught, each correct one must not.
 
 A scenario that expects a race is a mutant; one that expects clean is a correct
-variant. A mutant is killed when the harness reports a race for it: stale data
-in some replay (the oracle), or an unordered copy/access pair in the trace (the
-happens-before analyser). The evidence is kept apart, so a report can say which
+variant. A mutant is killed when its verdict (`harness.run.verdict`) meets the
+expectation: a race, shown by stale data in some replay or by an unordered
+copy/access pair in the op list (the happens-before analyser), or by the evidence
+the scenario demands. The evidence is kept apart, so a report can say which
 caught it. A correct variant is flagged on either kind of evidence.
 """
 
@@ -12,8 +13,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from harness.run.pipeline import ScenarioResult
+from harness.records.plain import as_plain
 from harness.records.scenario import Expect
+from harness.run.pipeline import ScenarioResult
 
 
 class Role(str, enum.Enum):
@@ -53,15 +55,14 @@ class MatrixRow:
 def classify(r: ScenarioResult) -> MatrixRow:
     s = r.scenario
     role = Role.MUTANT if s.expect is Expect.RACE else Role.CORRECT
-    evidence = tuple(
-        name for name, seen in (("data", r.tally.stale_replays > 0), ("analysis", bool(r.findings))) if seen
-    )
-    if r.error is not None:
+    verdict = r.verdict if r.verdict is not None else r.seal()
+    evidence = tuple(e.value for e in verdict.evidence)
+    if verdict.error is not None:
         outcome = Outcome.ERROR
     elif role is Role.MUTANT:
-        outcome = Outcome.KILLED if evidence else Outcome.SURVIVED
+        outcome = Outcome.KILLED if verdict.met else Outcome.SURVIVED
     else:
-        outcome = Outcome.FLAGGED if evidence else Outcome.CLEAN
+        outcome = Outcome.CLEAN if verdict.met else Outcome.FLAGGED
     return MatrixRow(
         name=s.name,
         role=role,
@@ -82,6 +83,5 @@ def matrix_ok(rows: list[MatrixRow]) -> bool:
 
 def matrix_section(rows: list[MatrixRow]) -> dict:
     """The `mutants` section of results.json for these rows, in their order."""
-    from harness.report.results import as_plain
 
     return {"mutants": {"matrix": [{**as_plain(row), "stale_rate": row.stale_rate} for row in rows]}}

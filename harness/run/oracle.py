@@ -1,11 +1,10 @@
 """Compare what a replay read and produced against eager ground truth.
 
 Everything the forward read from the pools (per-layer probes), the post-prefill
-Mamba state and the output sit in one flat arena (see `model.ProbeSet`). Each
-row of each arena segment is a *unit*: one slot of one pool at one layer, one
-request's final state, or one output token. Comparing is two kernels (an
-elementwise test and an `index_add_` into per-unit counts); one small host copy
-then says which units differ. Localisation is pure host logic on that mask.
+Mamba state and the output sit in one flat arena whose rows are *units*
+(`harness.model.arena`). Comparing is two kernels (an elementwise test and an
+`index_add_` into per-unit counts); one small host copy then says which units
+differ. Localisation is pure host logic on that mask.
 """
 
 from __future__ import annotations
@@ -15,51 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.protocol.pools import Layout
+from harness.model.arena import FINAL, OUTPUT, READ, ArenaLayout
 from harness.records.scenario import Tolerance
-from harness.records.trace import Pool
-
-READ, FINAL, OUTPUT = "read", "final", "output"
-
-
-@dataclass(frozen=True)
-class Unit:
-    segment: str  # arena segment name (k, v, conv, ssm, final_conv, final_ssm, out)
-    kind: str  # read | final | output
-    layer: int  # global layer id; -1 for output
-    pool: str  # k | v | conv | ssm | out
-    slot: int  # pool slot (read, final) or token row (output)
-    request: int
-
-
-def build_units(layout: Layout) -> tuple[list[Unit], list[tuple[str, int]]]:
-    """The units, in arena order, and (segment, elements per unit) for each run of them."""
-    s = layout.shape
-    units: list[Unit] = []
-    runs: list[tuple[str, int]] = []
-    kv_elems = s.kv_heads * s.head_dim
-    for seg, pool in (("k", Pool.K), ("v", Pool.V)):
-        for lid in s.attention_layers:
-            for r in layout.requests:
-                for slot in r.prefix:
-                    units.append(Unit(seg, READ, lid, pool, slot, r.index))
-                    runs.append((seg, kv_elems))
-    state_elems = {"conv": s.d_inner * (s.conv - 1), "ssm": s.d_inner * s.state}
-    for seg, pool, kind in (
-        ("conv", Pool.CONV, READ),
-        ("ssm", Pool.SSM, READ),
-        ("final_conv", Pool.CONV, FINAL),
-        ("final_ssm", Pool.SSM, FINAL),
-    ):
-        for lid in s.mamba_layers:
-            for r in layout.requests:
-                units.append(Unit(seg, kind, lid, pool, r.mamba_slot, r.index))
-                runs.append((seg, state_elems[pool]))
-    for r in layout.requests:
-        for tok in r.tokens:
-            units.append(Unit("out", OUTPUT, -1, "out", tok, r.index))
-            runs.append(("out", s.hidden))
-    return units, runs
 
 
 @dataclass(frozen=True)
@@ -87,17 +43,17 @@ class ReplayVerdict:
 class Oracle:
     """Holds ground truth and the unit map; turns an arena into a verdict."""
 
-    def __init__(self, layout: Layout, truth: torch.Tensor, tolerance: Tolerance = Tolerance()):
+    def __init__(self, arena: ArenaLayout, truth: torch.Tensor, tolerance: Tolerance = Tolerance()):
         if torch.isnan(truth.float()).any():
             raise ValueError("ground truth holds NaN: the eager reference itself read poison")
-        self.units, runs = build_units(layout)
-        if sum(n for _, n in runs) != truth.numel():
-            raise ValueError("arena layout and unit map disagree")
+        if arena.size != truth.numel():
+            raise ValueError("arena layout and ground truth disagree")
+        self.units = arena.units
         device = truth.device
         self.truth = truth
         self.tolerance = tolerance
-        sizes = torch.tensor([n for _, n in runs])
-        self._unit_of_elem = torch.repeat_interleave(torch.arange(len(runs)), sizes).to(device)
+        sizes = torch.tensor([seg.unit_size for seg in arena.segments for _ in seg.units], dtype=torch.long)
+        self._unit_of_elem = torch.repeat_interleave(torch.arange(len(self.units)), sizes).to(device)
         # Probes are copies of pool memory: always exact. Tolerance covers computed values.
         computed = torch.tensor([u.kind != READ for u in self.units])
         self._tolerant = torch.repeat_interleave(computed, sizes).to(device)

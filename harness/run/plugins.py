@@ -10,6 +10,11 @@ failure is an `InputError` (one line, exit 2) naming where the name came from.
                                                           with setup(s) and __call__(ctx))
     accessor(counter, layer_id: int, pool: str) -> None   harness.protocol.accessors
     schedule(op: LoadOp) -> None                          harness.protocol.schedules
+
+A plugin is the user's code, so what it raises at run time is its own failure, not
+the harness's: a resolved plugin is wrapped so that an exception from it becomes a
+`PluginError` naming the plugin, which ends that scenario as an error and lets the
+run go on. Built-ins are not wrapped: an exception from one is a harness bug.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from harness.records.errors import InputError
+from harness.records.errors import HarnessError, InputError, PluginError
 
 _SPEC_RE = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
 
@@ -51,9 +57,10 @@ _INFO = {
 def builtins(kind: Kind) -> dict[str, Callable]:
     # Imported here: the registries import the device layer, which this module need not.
     if kind is Kind.FENCE:
+        from harness.engines import ENGINES
         from harness.protocol.fences import FENCES
 
-        return FENCES
+        return {**FENCES, **{name: fn for e in ENGINES.values() for name, fn in e.fences.items()}}
     if kind is Kind.ACCESSOR:
         from harness.protocol.accessors import ACCESSORS
 
@@ -101,31 +108,66 @@ def _load_plugin(kind: Kind, spec: str, source: str, key: str) -> Callable:
         raise InputError(
             source, key, f"importing {module_name!r} for {spec!r} failed: {type(e).__name__}: {e}"
         ) from None
-    fn = module
+    fn: Any = module
     for part in attr.split("."):
         fn = getattr(fn, part, None)
         if fn is None:
             raise InputError(source, key, f"module {module_name!r} has no {attr!r} (from {spec!r})")
     if not callable(fn):
         raise InputError(source, key, f"{spec!r} is not callable; a {kind.value} is {info.signature}")
-    _check_signature(fn, kind, spec, source, key)
-    return fn
-
-
-def _check_signature(fn: Callable, kind: Kind, spec: str, source: str, key: str) -> None:
-    info = _INFO[kind]
-    args = range(info.arity)
     if kind is Kind.FENCE and inspect.isclass(fn):
-        # A strategy with set-up: instances are called, so check __call__ (with self).
-        fn, args = fn.__call__, range(info.arity + 1)
+        # A strategy with set-up: instances are called, and set up once, so check both (with self).
+        _check_signature(fn.__call__, info.arity + 1, spec, f"a {kind.value} is called as {info.signature}",
+                         source, key)
+        if hasattr(fn, "setup"):
+            _check_signature(fn.setup, 2, f"{spec}.setup", "a fence's setup is called as setup(s)",
+                             source, key)
+        return _guarded_class(fn, spec, kind)
+    _check_signature(fn, info.arity, spec, f"a {kind.value} is called as {info.signature}", source, key)
+    return _Guarded(fn, spec, kind.value)
+
+
+def _check_signature(fn: Callable, arity: int, what: str, called: str, source: str, key: str) -> None:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return  # builtins without a signature: trust them
     try:
-        sig.bind(*args)
+        sig.bind(*range(arity))
     except TypeError:
-        raise InputError(
-            source, key,
-            f"{spec!r} takes {sig} but a {kind.value} is called as {info.signature}",
-        ) from None
+        raise InputError(source, key, f"{what!r} takes {sig} but {called}") from None
+
+
+class _Guarded:
+    """A plugin callable whose exceptions become a PluginError naming it."""
+
+    def __init__(self, fn: Callable, spec: str, role: str):
+        self.fn, self.spec, self.role = fn, spec, role
+        self.__name__ = getattr(fn, "__name__", spec)
+
+    def __call__(self, *args: Any) -> Any:
+        try:
+            return self.fn(*args)
+        except HarnessError:
+            raise  # the harness's own answer through the plugin (a timeout of ctx.host_wait, say)
+        except Exception as e:  # noqa: BLE001 - the user's code: its failure, reported as such
+            raise PluginError(f"plugin {self.spec!r} ({self.role}) raised {type(e).__name__}: {e}") from e
+
+
+def _guarded_class(cls: type, spec: str, kind: Kind) -> Callable[[], Any]:
+    """A factory of the class's instances, with their setup and __call__ guarded."""
+
+    def make() -> Any:
+        instance = _Guarded(cls, spec, f"{kind.value} construction")()
+        guarded = _Guarded(instance, spec, kind.value)
+        if hasattr(instance, "setup"):
+            guarded.setup = _Guarded(instance.setup, spec, f"{kind.value} setup")  # type: ignore[attr-defined]
+        return guarded
+
+    make.makes_strategy = True  # type: ignore[attr-defined]
+    return make
+
+
+def fence_for_scenario(fence: Callable) -> Callable:
+    """The fence one scenario runs: a strategy class (or a plugin's) gets a fresh instance."""
+    return fence() if inspect.isclass(fence) or getattr(fence, "makes_strategy", False) else fence

@@ -33,12 +33,12 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from harness.records.errors import InputError
-from harness.run.plugins import Kind, resolve
 from harness.records.scenario import (
     LAYER_KINDS,
     Backend,
     DelayWhere,
     DType,
+    Evidence,
     Expect,
     Fault,
     FaultKind,
@@ -50,6 +50,7 @@ from harness.records.scenario import (
     Tolerance,
     kv_slots_needed,
 )
+from harness.run.plugins import Kind, resolve
 
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 
@@ -433,14 +434,11 @@ def _fault(value: Any, key: str) -> Fault:
 
 
 def _engine(value: Any, key: str) -> str:
-    from harness.engines import ENGINES
-    from harness.engines.sglang import load
+    from harness.engines import ENGINES, load_engine
 
     _string(value, key, f"an engine name, one of: {', '.join(ENGINES)}")
-    if value not in ENGINES:
-        raise _Invalid(key, f"unknown engine {value!r}; valid: {', '.join(ENGINES)}")
     try:
-        load()  # the engine must be importable and have every name the adapter uses
+        load_engine(value)  # known, importable, and with every name the adapter uses
     except InputError as e:
         raise _Invalid(key, e.message) from None
     return value
@@ -492,6 +490,7 @@ _SCENARIO_FIELDS: dict[str, Parser] = {
     "engine": lambda value, key: _engine(value, key),
     "fault": _fault,
     "expect": _enum(Expect),
+    "evidence": _enum(Evidence),
     "replays": _integer(1, MAX_REPLAYS),
     "seed": _integer(0),
     "poison": _poison,
@@ -561,13 +560,16 @@ def _scenario(
     for key, hint in _REQUIRED_HINTS.items():
         _require(values, key, prefix, hint)
     _check_pools(values["model"], values["batch"], prefix)
-    from harness.protocol.fences import ENGINE_FENCES
+    from harness.engines import engine_of_fence
 
-    if values.get("fence") in ENGINE_FENCES and values.get("engine") is None:
+    owner = engine_of_fence(values.get("fence", ""))
+    if owner is not None and values.get("engine") != owner.name:
         raise _Invalid(
             f"{prefix}.fence",
-            f"fence {values['fence']!r} is the engine's own: it needs engine = \"sglang\"",
+            f"fence {values['fence']!r} is the engine's own: it needs engine = \"{owner.name}\"",
         )
+    if values.get("evidence") is not None and values["expect"] is not Expect.RACE:
+        raise _Invalid(f"{prefix}.evidence", "evidence names what a race must show; it needs expect = \"race\"")
     if values.get("hazard") is Hazard.WAW and not values["model"].mamba_layers:
         raise _Invalid(
             f"{prefix}.hazard",

@@ -11,4 +11,4 @@ def schedule(op):
     op.gate.hold()
     for layer in range(op.num_layers):
         op.copy_layer(layer)
-        op.events.complete(layer)
+        op.complete(layer)

@@ -1,0 +1,23 @@
+"""What an engine adapter offers the harness: a loader, and the engine's own fences."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class Adapter(Protocol):
+    """A loaded engine: its version, and its own load-event counter on a harness device."""
+
+    version: str
+
+    def counter(self, dev: Any, num_layers: int) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    # load(source, key): the adapter, or InputError(source, key, ...) when the engine is not usable
+    load: Callable[[str, str], Adapter]
+    fences: dict[str, Callable[[Any], Any]]  # fence name -> fence(ctx), run on this engine only

@@ -1,0 +1,92 @@
+"""The probe arena's layout: one flat buffer, its segments, and the unit each row stands for.
+
+Everything a forward read from the pools (per-layer probes), the post-prefill Mamba
+state and the output sit in one flat arena, so that poisoning and comparing are a
+few kernels, not one per layer. Each row of each segment is a *unit*: one slot of
+one pool at one layer, one request's final state, or one output token. The model
+writes through views of the segments (`ProbeSet`); the oracle compares unit by unit
+(`harness.run.oracle`). Both read this one layout.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from harness.protocol.layout import Layout
+from harness.records.trace import Pool
+
+READ, FINAL, OUTPUT = "read", "final", "output"
+
+
+@dataclass(frozen=True)
+class Unit:
+    segment: str  # arena segment name (k, v, conv, ssm, final_conv, final_ssm, out)
+    kind: str  # read | final | output
+    layer: int  # global layer id; -1 for output
+    pool: str  # k | v | conv | ssm | out
+    slot: int  # pool slot (read, final) or token row (output)
+    request: int
+
+
+@dataclass(frozen=True)
+class Segment:
+    name: str
+    shape: tuple[int, ...]  # the view's shape; its leading dimensions run over the units
+    units: tuple[Unit, ...]  # in memory order
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def unit_size(self) -> int:
+        return self.size // len(self.units) if self.units else 0
+
+
+@dataclass(frozen=True)
+class ArenaLayout:
+    segments: tuple[Segment, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    @property
+    def units(self) -> list[Unit]:
+        return [u for s in self.segments for u in s.units]
+
+    def spans(self) -> dict[str, tuple[int, int]]:
+        """Each segment's [start, stop) in the arena."""
+        out, at = {}, 0
+        for s in self.segments:
+            out[s.name] = (at, at + s.size)
+            at += s.size
+        return out
+
+
+def arena_layout(layout: Layout) -> ArenaLayout:
+    s = layout.shape
+    reqs = layout.requests
+    n_m, b = len(s.mamba_layers), len(reqs)
+
+    def kv(seg: str, pool: str) -> Segment:
+        units = tuple(Unit(seg, READ, lid, pool, slot, r.index)
+                      for lid in s.attention_layers for r in reqs for slot in r.prefix)
+        return Segment(seg, (len(s.attention_layers), layout.total_prefix, s.kv_heads, s.head_dim), units)
+
+    def state(seg: str, pool: str, kind: str, width: int) -> Segment:
+        units = tuple(Unit(seg, kind, lid, pool, r.mamba_slot, r.index) for lid in s.mamba_layers for r in reqs)
+        return Segment(seg, (n_m, b, s.d_inner, width), units)
+
+    out = Segment("out", (layout.total_new, s.hidden),
+                  tuple(Unit("out", OUTPUT, -1, "out", tok, r.index) for r in reqs for tok in r.tokens))
+    return ArenaLayout((
+        kv("k", Pool.K),
+        kv("v", Pool.V),
+        state("conv", Pool.CONV, READ, s.conv - 1),
+        state("ssm", Pool.SSM, READ, s.state),
+        state("final_conv", Pool.CONV, FINAL, s.conv - 1),
+        state("final_ssm", Pool.SSM, FINAL, s.state),
+        out,
+    ))

@@ -1,0 +1,91 @@
+"""Everything one scenario builds on a device: pools, model, load-back, strategies and streams."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from harness.devices.base import Device
+from harness.engines import load_engine
+from harness.model.runners import Runner, make_runner
+from harness.model.stack import HybridModel
+from harness.protocol.accessors import AccessorPolicy
+from harness.protocol.fences import FenceSetup
+from harness.protocol.hazards import HazardBed, make_hazard
+from harness.protocol.layout import plan_layout, prefix_regions
+from harness.protocol.loadback import CopyPlan, LayerDoneCounter, plan_copies
+from harness.protocol.pools import HostPool, HybridPool
+from harness.protocol.schedules import LayerListener, LoadOp, Schedule, start_loading
+from harness.records.faults import FaultPlan
+from harness.records.scenario import Backend, FaultKind, Scenario
+from harness.run.plugins import Kind, fence_for_scenario, resolve
+
+
+class Testbed:
+    """One scenario's memory and protocol on a device, and its strategies, resolved once.
+
+    The replay loop (`harness.run.replay`) drives it; a strategy reaches it only
+    through the context objects it is given.
+    """
+
+    __test__ = False  # not a pytest test class, whatever its name
+
+    def __init__(self, scenario: Scenario, dev: Device):
+        torch.manual_seed(scenario.seed)
+        s = scenario
+        self.scenario, self.dev = s, dev
+        self.layout = layout = plan_layout(s.model, s.batch)
+        self.pool = HybridPool(dev, layout)
+        self.host = HostPool(dev, layout, s.seed)
+        self.model = HybridModel(dev, layout, self.pool, s.seed)
+        n = layout.shape.num_layers
+        self.counter: Any = load_engine(s.engine).counter(dev, n) if s.engine else LayerDoneCounter(dev, n)
+        self.forward = dev.Stream("forward")
+        self.load = dev.Stream("load")
+        self.ran = dev.Event()  # recorded after the forward, when a gate waits for it
+        chunks = s.fault.chunks if s.fault.kind is FaultKind.CHUNKED else 1
+        # Built once: the replay loop only enqueues (host time there shifts the race window).
+        self.copies = plan_copies(layout, self.host, self.pool, chunks)
+        self.listeners: list[LayerListener] = []  # called as each load op completes a layer
+        self.fence = fence_for_scenario(resolve(Kind.FENCE, s.fence, s.source, "fence"))
+        self.accessor: AccessorPolicy = resolve(Kind.ACCESSOR, s.accessor, s.source, "accessor")
+        self.schedule: Schedule = resolve(Kind.SCHEDULE, s.schedule, s.source, "schedule")
+        targets = tuple(r for lid in range(n) for r in prefix_regions(layout, lid))
+        self.bed = HazardBed(dev, layout, self.pool, self.copies, targets, s.poison, s.seed, chunks)
+        self.hazard = make_hazard(s.hazard, self.bed)
+
+    def start_load(self, plan: FaultPlan, *, schedule: Schedule | None = None, gate: Any = None,
+                   copies: CopyPlan | None = None) -> LoadOp:
+        """Enqueue a load op (on the forward stream, as the engine does); the batch carries its index."""
+        op = start_loading(self.dev, self.counter, self.load, self.copies if copies is None else copies, plan,
+                           self.layout, schedule or self.schedule, gate, self.listeners)
+        self.counter.set_consumer(op.index)
+        return op
+
+    def other_load(self, schedule: Schedule | None = None):
+        """load(copies, plan) for a hazard: another batch's load op, this batch's index kept."""
+
+        def load(copies: CopyPlan, plan: FaultPlan) -> LoadOp:
+            consumer = self.counter.consumer_index
+            op = self.start_load(plan, schedule=schedule, copies=copies)
+            self.counter.set_consumer(consumer)  # that batch is never run here
+            return op
+
+        return load
+
+    def set_waits(self, *policies: AccessorPolicy) -> None:
+        self.pool.set_waits(self.counter, policies)
+
+    def runner(self, backend: Backend) -> Runner:
+        """A runner of `backend` on this model, its graphs captured (no load may be pending)."""
+        with self.dev.stream(self.forward):
+            return make_runner(backend, self.dev, self.model, self.counter)
+
+    def setup_fence(self) -> None:
+        """A strategy's one-time set-up, before anything is captured (no load pending)."""
+        setup = getattr(self.fence, "setup", None)
+        if setup is not None:
+            with self.dev.stream(self.forward):
+                setup(FenceSetup(self.dev, self.forward, self.load, self.counter, self.pool, self.runner,
+                                 self.pool.add_wait, self.listeners.append))
