@@ -8,10 +8,10 @@ import pytest
 
 from harness.records.analysis import Finding, RaceKind, find_races
 from harness.records.trace import (
-    Kernel,
     Copy,
     Delay,
     HostSync,
+    Kernel,
     Record,
     Region,
     Replay,
@@ -163,18 +163,18 @@ def test_unknown_stream_gets_a_fallback_name():
 KINDS = ("attention", "mamba", "hybrid")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _scenarios():
     from harness.run.scenario_file import default_files, load_files
 
     return {s.name: s for s in load_files(default_files())}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _findings(name: str, zero_delay: bool = False) -> tuple[Finding, ...]:
     from harness.devices.sim import SimDevice
-    from harness.run.pipeline import run_scenario
     from harness.records.scenario import Fault
+    from harness.run.pipeline import run_scenario
 
     scenario = _scenarios()[name]
     if zero_delay:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import harness.frontends.console
-from harness.frontends.console import RunConsole, plain_line, results_table
 from harness.devices import open_device
+from harness.frontends.console import RunConsole, plain_line, results_table
 from harness.run.pipeline import ScenarioResult, run_scenario
 from harness.run.scenario_file import parse_text
 

@@ -15,14 +15,14 @@ import pytest
 
 pytest.importorskip("sglang", reason="sglang is not installed here; `make test-engine` installs it")
 
-from harness.frontends.cli import main  # noqa: E402
 from harness.devices.sim import SimDevice  # noqa: E402
 from harness.engines import sglang as adapter  # noqa: E402
-from harness.run.pipeline import run_scenario
-from harness.run.testbed import Testbed  # noqa: E402
+from harness.frontends.cli import main  # noqa: E402
 from harness.records.scenario import Backend, Expect, FaultKind  # noqa: E402
-from harness.run.scenario_file import SCENARIO_DIR, load_file  # noqa: E402
 from harness.records.trace import Wait  # noqa: E402
+from harness.run.pipeline import run_scenario
+from harness.run.scenario_file import SCENARIO_DIR, load_file  # noqa: E402
+from harness.run.testbed import Testbed  # noqa: E402
 
 FILE = SCENARIO_DIR / "engine" / "sglang.toml"
 

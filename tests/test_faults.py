@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.devices.sim import SimDevice
+from harness.protocol.loadback import plan_copies
 from harness.records.faults import (
     GATE_FALLBACK_US,
     FaultPlan,
@@ -12,8 +13,6 @@ from harness.records.faults import (
     jitter_us,
     sweep_points,
 )
-from harness.protocol.loadback import plan_copies
-from harness.run.testbed import Testbed
 from harness.records.scenario import (
     Backend,
     DelayWhere,
@@ -25,6 +24,7 @@ from harness.records.scenario import (
     Request,
     Scenario,
 )
+from harness.run.testbed import Testbed
 
 SHAPE = ModelShape(layers="AMAM", hidden=16, heads=2, kv_heads=1, head_dim=8, state=4, conv=3,
                    page_size=4, dtype=DType.FP32)
@@ -89,6 +89,6 @@ def test_chunked_plan_splits_every_copy_into_contiguous_parts(chunks):
             # The pieces tile the original region in order, as views of the same memory.
             assert pieces[0].region.start == original.region.start
             assert pieces[-1].region.stop == original.region.stop
-            assert all(a.region.stop == b_.region.start for a, b_ in zip(pieces, pieces[1:]))
+            assert all(a.region.stop == b_.region.start for a, b_ in zip(pieces, pieces[1:], strict=False))
             assert sum(p.dst.shape[0] for p in pieces) == original.dst.shape[0]
             assert pieces[0].dst.data_ptr() == original.dst.data_ptr()

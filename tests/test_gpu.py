@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.run.pipeline import run_scenario
 from harness.records.scenario import Backend, DelayWhere, Expect, Fault, FaultKind
+from harness.run.pipeline import run_scenario
 from harness.run.scenario_file import default_files, load_files
 
 pytestmark = pytest.mark.gpu

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from harness.protocol.loadback import plan_copies, stale_by_chunk
+from harness.records.scenario import Expect, Fault, FaultKind
 from harness.run.mutants import Role, classify, matrix_ok
 from harness.run.pipeline import run_scenario
-from harness.run.testbed import Testbed
-from harness.records.scenario import Expect, Fault, FaultKind
 from harness.run.scenario_file import SCENARIO_DIR, default_files, load_file, load_files
+from harness.run.testbed import Testbed
 
 pytestmark = pytest.mark.gpu
 
@@ -52,7 +52,7 @@ def test_chunked_staleness_is_whole_chunks_late_in_copy_order(cuda):
         for layer, pieces, stale in stale_by_chunk(v.slots, chunks):
             # The stale slots are the late chunks: fresh chunks, at most one chunk caught in
             # flight (a copy is not atomic to a concurrent read), then wholly stale chunks.
-            whole = [st == set(range(reg.start, reg.stop)) for st, reg in zip(stale, pieces)]
+            whole = [st == set(range(reg.start, reg.stop)) for st, reg in zip(stale, pieces, strict=False)]
             first = next((j for j, st in enumerate(stale) if st), len(stale))
             assert all(whole[j] for j in range(first + 1, len(stale))), (layer, stale)
             flags = [bool(st) for st in stale]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from harness.run.pipeline import run_scenario
 from harness.records.scenario import (
     Backend,
     Expect,
@@ -14,6 +13,7 @@ from harness.records.scenario import (
     Request,
     Scenario,
 )
+from harness.run.pipeline import run_scenario
 from harness.run.scenario_file import default_files, load_files
 
 pytestmark = pytest.mark.gpu

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from harness.protocol.fences import STRATEGIES
-from harness.run.pipeline import run_scenario
 from harness.records.scenario import Fault, FaultKind
+from harness.run.pipeline import run_scenario
 from harness.run.scenario_file import default_files, load_files
 
 pytestmark = pytest.mark.gpu

@@ -5,13 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from harness.records.analysis import RaceKind
-from harness.frontends.cli import main
 from harness.devices.sim import SimDevice
+from harness.frontends.cli import main
 from harness.protocol.loadback import plan_copies, stale_by_chunk
-from harness.run.mutants import Outcome, Role, classify, matrix_ok
-from harness.run.pipeline import ScenarioResult, run_scenario
-from harness.run.testbed import Testbed
+from harness.records.analysis import RaceKind
 from harness.records.scenario import (
     Backend,
     Expect,
@@ -22,7 +19,10 @@ from harness.records.scenario import (
     Request,
     Scenario,
 )
+from harness.run.mutants import Outcome, Role, classify, matrix_ok
+from harness.run.pipeline import ScenarioResult, run_scenario
 from harness.run.scenario_file import SCENARIO_DIR, load_file
+from harness.run.testbed import Testbed
 
 HYBRID = ModelShape(layers="AMAM", hidden=64, heads=2, kv_heads=1, head_dim=32, state=4)
 BATCH = (Request(48, 4), Request(16, 2))
@@ -128,7 +128,7 @@ def test_chunked_staleness_is_exactly_the_late_chunks():
     for v in verdicts:
         for layer, pieces, stale in stale_by_chunk(v.slots, chunks):
             # Each piece is wholly stale or wholly fresh ...
-            assert all(not st or st == set(range(reg.start, reg.stop)) for st, reg in zip(stale, pieces))
+            assert all(not st or st == set(range(reg.start, reg.stop)) for st, reg in zip(stale, pieces, strict=False))
             # ... and once a piece is late, every later piece of that copy is late too.
             flags = [bool(st) for st in stale]
             assert flags == sorted(flags), (layer, flags)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness.protocol.accessors import kv_only, no_waits, per_layer
 from harness.devices.sim import SimDevice
-from harness.records.faults import FaultPlan
-from harness.protocol.loadback import RING, LayerDoneCounter, SlotReusedEarly, plan_copies
-from harness.run.testbed import Testbed
+from harness.protocol.accessors import kv_only, no_waits, per_layer
 from harness.protocol.layout import PageAllocator, plan_layout
+from harness.protocol.loadback import RING, LayerDoneCounter, SlotReusedEarly, plan_copies
+from harness.protocol.schedules import start_loading
+from harness.records.faults import FaultPlan
 from harness.records.scenario import (
     Backend,
     DelayWhere,
@@ -22,8 +22,8 @@ from harness.records.scenario import (
     Scenario,
     kv_slots_needed,
 )
-from harness.protocol.schedules import start_loading
 from harness.records.trace import Copy, Delay, HostWait, Pool, Record, Region, Wait
+from harness.run.testbed import Testbed
 
 SHAPE = ModelShape(
     layers="AMAM", hidden=16, heads=2, kv_heads=1, head_dim=8, state=4, conv=3, expand=2,
@@ -154,12 +154,12 @@ def test_start_loading_copies_host_data_into_the_pools():
     with b.dev.stream(b.forward):
         start_loading(b.dev, b.counter, b.load, plan_copies(b.layout, b.host, b.pool), FaultPlan(Fault()), b.layout)
     b.dev.synchronize()
-    for a, lid in enumerate(SHAPE.attention_layers):
+    for a, _lid in enumerate(SHAPE.attention_layers):
         for r in b.layout.requests:
             rows = slice(r.host_offset, r.host_offset + len(r.prefix))
             assert b.pool.kv.k[a, r.prefix.start : r.prefix.stop].equal(b.host.k[a, rows])
             assert b.pool.kv.v[a, r.prefix.start : r.prefix.stop].equal(b.host.v[a, rows])
-    for m, lid in enumerate(SHAPE.mamba_layers):
+    for m, _lid in enumerate(SHAPE.mamba_layers):
         for i, r in enumerate(b.layout.requests):
             assert b.pool.mamba.conv[m, r.mamba_slot].equal(b.host.conv[m, i])
             assert b.pool.mamba.ssm[m, r.mamba_slot].equal(b.host.ssm[m, i])
@@ -245,7 +245,7 @@ def test_plan_layout_page_aligned_contiguous_and_skips_page_zero():
     page = SHAPE.page_size
     assert layout.kv_slots == kv_slots_needed(SHAPE, batch)
     used = set()
-    for r, req in zip(layout.requests, batch):
+    for r, req in zip(layout.requests, batch, strict=False):
         assert r.prefix.start % page == 0
         assert r.prefix.start >= page  # page 0 is padding
         assert (len(r.prefix), len(r.new)) == (req.prefix, req.new)

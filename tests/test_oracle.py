@@ -11,11 +11,11 @@ import math
 import pytest
 import torch
 
-from harness.model.stack import ProbeSet
 from harness.model.arena import arena_layout
+from harness.model.stack import ProbeSet
 from harness.protocol.layout import plan_layout
-from harness.run.oracle import Oracle, ReplayVerdict, Tally
 from harness.records.scenario import DType, ModelShape, Request, Tolerance
+from harness.run.oracle import Oracle, ReplayVerdict, Tally
 
 SHAPE = ModelShape(
     layers="AMAM", hidden=16, heads=2, kv_heads=1, head_dim=8, state=4, conv=3, expand=2,

@@ -7,10 +7,10 @@ import textwrap
 
 import pytest
 
-from harness.frontends.cli import main
 from harness.devices.sim import SimDevice
-from harness.records.errors import InputError
+from harness.frontends.cli import main
 from harness.protocol.fences import FENCES
+from harness.records.errors import InputError
 from harness.run.pipeline import run_scenario
 from harness.run.plugins import Kind, resolve
 from harness.run.scenario_file import parse_text

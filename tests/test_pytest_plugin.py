@@ -15,6 +15,11 @@ from pathlib import Path
 import pytest
 
 import harness
+
+# matplotlib, imported here and not first by an in-process run below: pytester drops the
+# modules a run imported, and a second copy of matplotlib's classes breaks every later plot
+# of this process (report tests on the same xdist worker).
+import harness.report.plots  # noqa: F401
 from harness.frontends.pytest_plugin import settings
 
 pytest_plugins = ["pytester"]
@@ -64,12 +69,12 @@ def test_scenarios_pass_and_a_missed_expectation_fails_with_its_verdict(pytester
                  "--harness-report", "out", "-rf")
     result.assert_outcomes(passed=3, failed=1)
     result.stdout.fnmatch_lines([
-        "*tiny-wrong: expected clean, observed race",
+        "*tiny-wrong: expected clean, observed race (data, analysis): a race showed in data and analysis",
         "*stale 5/5 replays (100.0%), stale layers 0,1",
         "*findings 4",
         "*- * reads *, but nothing orders it after the H2D copy on load*",
         "results: *out*results.json",
-        "FAILED wrong.toml::tiny-wrong - tiny-wrong: expected clean, observed race",
+        "FAILED wrong.toml::tiny-wrong - tiny-wrong: expected clean, observed race*",
     ])
     doc = json.loads((pytester.path / "out" / "results.json").read_text())
     assert [e["name"] for e in doc["scenarios"]] == [
@@ -77,7 +82,7 @@ def test_scenarios_pass_and_a_missed_expectation_fails_with_its_verdict(pytester
     assert doc["summary"] == {"scenarios": 4, "met": 3, "errors": 0}
     assert {e["worker"] for e in doc["scenarios"]} == {"main"}
     summary = (pytester.path / "out" / "summary.md").read_text()
-    assert "3/4 met" in summary and "| tiny-wrong ❌ | clean | race | 100.0% (5/5) |" in summary
+    assert "3/4 met" in summary and "| tiny-wrong ❌ | clean | race (data, analysis) | 100.0% (5/5) |" in summary
     assert (pytester.path / "out" / "report.html").is_file()
 
 
@@ -91,7 +96,8 @@ def test_kill_matrix_items_pass_on_the_matrix_terms_and_the_report_gets_the_matr
     result = run(pytester, "--harness-mutants", "race.toml", "survivor.toml", "--harness-report", "out",
                  "--junitxml", "junit.xml", "-rf")
     result.assert_outcomes(passed=3, failed=1)
-    result.stdout.fnmatch_lines(["tiny-survivor: expected race, observed clean", "*kill matrix: survived",
+    result.stdout.fnmatch_lines(["tiny-survivor: expected race, observed clean: no evidence of a race",
+                                 "*kill matrix: survived",
                                  "FAILED survivor.toml::tiny-survivor - tiny-survivor: expected race*"])
     doc = json.loads((pytester.path / "out" / "results.json").read_text())
     assert {m["name"]: (m["role"], m["outcome"]) for m in doc["mutants"]["matrix"]} == {

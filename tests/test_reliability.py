@@ -23,11 +23,11 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from harness.frontends import cli
-from harness.run import pipeline, replay, testbed
-from harness.frontends.cli import main
 from harness.devices.sim import SimDevice
+from harness.frontends import cli
+from harness.frontends.cli import main
 from harness.records.errors import InputError, ReplayTimeout
+from harness.run import pipeline, replay, testbed
 from harness.run.scenario_file import load_files
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,7 +142,7 @@ def test_every_bad_file_exits_2_with_one_line_and_leaves_the_report_alone(tmp_pa
 
     assert len(codes) == len(cases)
     problems = []
-    for (named, key, out, log, had_report), code in zip(cases, codes):
+    for (named, key, out, log, had_report), code in zip(cases, codes, strict=False):
         err = log.read_text()
         lines = err.strip().splitlines()
         if code != 2 or len(lines) != 1 or "Traceback" in err:

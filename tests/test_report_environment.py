@@ -13,8 +13,8 @@ import uuid as uuidlib
 import pytest
 import torch
 
-from harness.report import environment
 from harness.devices.nvml import uuid_text as nvml_uuid
+from harness.report import environment
 from harness.report.environment import collect_environment
 
 UUIDS = [str(uuidlib.UUID(int=n * 0x1111_2222_3333_4444_5555_6666_7777_8888)) for n in (1, 2, 3)]

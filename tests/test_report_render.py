@@ -188,7 +188,7 @@ def test_the_chrome_trace_has_one_thread_per_stream(tmp_path):
     assert [e["args"]["name"] for e in events if e["name"] == "process_name"] == ["attention-full-none"]
     complete = [e for e in events if e["ph"] == "X"]
     assert len(complete) == len(timeline["spans"])
-    for event, span in zip(complete, timeline["spans"]):
+    for event, span in zip(complete, timeline["spans"], strict=False):
         assert names[event["tid"]] == span["stream"]
         assert event["ts"] == span["start_us"]  # microseconds, the format's unit
         assert event["dur"] == pytest.approx(span["end_us"] - span["start_us"])
@@ -219,7 +219,7 @@ def test_only_reads_that_beat_their_copy_are_marked_stale():
         ("forward", "poison", "access", 0, 5),             # no layer
     ]
     timeline = {"clock": "virtual", "stale_layers": [0], "spans": [
-        dict(zip(("stream", "name", "kind", "start_us", "end_us"), s)) for s in spans]}
+        dict(zip(("stream", "name", "kind", "start_us", "end_us"), s, strict=False)) for s in spans]}
     assert stale_marks(timeline) == [True, False, True, False, False, False]
 
 

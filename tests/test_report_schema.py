@@ -22,8 +22,8 @@ TINY = (ROOT / "tests" / "data" / "tiny.toml").read_text()  # the CLI tests' sce
 
 def test_a_document_the_harness_builds_survives_json_and_validates(tmp_path):
     from harness.devices import open_device
-    from harness.run.pipeline import run_scenario
     from harness.report.results import build_results, write_results
+    from harness.run.pipeline import run_scenario
     from harness.run.scenario_file import parse_text
 
     dev = open_device("sim", [])

@@ -339,7 +339,7 @@ def story_once():
 def test_same_story_twice_gives_same_trace_data_and_times():
     a, b = story_once(), story_once()
     assert a[0] == b[0] and a[1] == b[1] and a[5] == b[5] and a[6] == b[6]
-    for x, y in zip(a[2:5], b[2:5]):
+    for x, y in zip(a[2:5], b[2:5], strict=False):
         assert x.equal(y)
     assert [type(op) for op in a[0]] == [Delay, Copy, Record, Kernel, Wait, Kernel, HostSync]
     assert not a[2].equal(a[3])  # before the wait it saw poison, after it the copy

@@ -11,8 +11,8 @@ import pytest
 from harness.frontends import session, soak
 from harness.frontends.cli import main
 from harness.records.errors import DeviceLost
-from harness.run.pipeline import ScenarioResult
 from harness.records.scenario import Backend, Evidence, Expect, Fault, FaultKind
+from harness.run.pipeline import ScenarioResult
 
 REAL_DRAW = soak.draw
 

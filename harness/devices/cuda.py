@@ -37,7 +37,7 @@ from harness.records.trace import (
 
 
 class CudaStream(Stream):
-    def __init__(self, device: "CudaDevice", raw: torch.cuda.Stream, name: str):
+    def __init__(self, device: CudaDevice, raw: torch.cuda.Stream, name: str):
         self._device = device
         self.raw = raw
         self.id = device._new_id()
@@ -58,7 +58,7 @@ class CudaStream(Stream):
 
 
 class CudaEvent(Event):
-    def __init__(self, device: "CudaDevice", external: bool):
+    def __init__(self, device: CudaDevice, external: bool):
         self._device = device
         self.id = device._new_id()
         self.external = external
@@ -92,7 +92,7 @@ class CudaEvent(Event):
 
 
 class CudaGraph(Graph):
-    def __init__(self, device: "CudaDevice", graph: torch.cuda.CUDAGraph, graph_id: int, body):
+    def __init__(self, device: CudaDevice, graph: torch.cuda.CUDAGraph, graph_id: int, body):
         self._device = device
         self.raw = graph
         self.id = graph_id
@@ -129,7 +129,7 @@ class CudaGate(Gate):
 
     mode = "cuStreamWaitValue32"
 
-    def __init__(self, device: "CudaDevice", timeout_s: float):
+    def __init__(self, device: CudaDevice, timeout_s: float):
         cu = _driver()
         if cu is None:
             raise GateUnavailable("cuda.bindings is not importable (pip install cuda-bindings)")

@@ -9,8 +9,9 @@ Point a scenario at them by path, as a user points at their own module:
 
 from __future__ import annotations
 
+from typing import Any
+
 from harness.protocol.fences import FenceContext
-from harness.protocol.loadback import LayerDoneCounter
 from harness.protocol.schedules import LoadOp
 
 
@@ -18,11 +19,11 @@ def every_layer_fence(ctx: FenceContext) -> None:
     """Wait on every layer's load event before replay (correct, and no cheaper than one wait)."""
     if ctx.op is None or ctx.counter.consumer_index < 0:
         return  # no load pending for this batch
-    for event in ctx.op.load_events:
+    for event in ctx.op.load_events:  # the pending LoadOp's events, one per layer
         ctx.forward.wait_event(event)
 
 
-def wait_for_whole_load(counter: LayerDoneCounter, layer_id: int, pool: str) -> None:
+def wait_for_whole_load(counter: Any, layer_id: int, pool: str) -> None:
     """Every accessor waits for the whole load op, whatever layer it serves (correct, slower)."""
     counter.wait_until(counter.num_layers - 1)
 
@@ -37,9 +38,8 @@ def mamba_state_first(op: LoadOp) -> None:
     op.wait_start()
     op.hold()
     last = op.num_layers - 1
-    pools = [{c.region.pool for chunk in op.plan[i] for c in chunk} for i in range(op.num_layers)]
-    mamba = [i for i in range(last) if pools[i] & {"conv", "ssm"}]
+    mamba = [i for i in range(last) if op.layer_kinds[i] == "mamba"]
     rest = [i for i in range(op.num_layers) if i not in mamba]
     for layer in mamba + rest:
         op.copy_layer(layer)
-        op.events.complete(layer)
+        op.complete(layer)

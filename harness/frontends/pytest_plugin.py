@@ -361,9 +361,11 @@ def _layers(result) -> str:
 def verdict(result) -> str:
     """What a failed scenario item prints: enough to act on without opening results.json."""
     s, t = result.scenario, result.tally
-    observed = result.observed.value if result.observed else "no verdict"
+    v = result.verdict if result.verdict is not None else result.seal()
+    expected = f"{s.expect.value} ({s.evidence.value})" if s.evidence else s.expect.value
     lines = [
-        f"{s.name}: expected {s.expect.value}, observed {observed}",
+        f"{s.name}: expected {expected}, observed {v.describe()}"
+        + (f": {v.shortfall()}" if v.shortfall() and not result.error else ""),
         f"  stale {t.stale_replays}/{t.replays} replays ({t.stale_rate:.1%}), stale layers {_layers(result)}",
         f"  findings {len(result.findings)}",
     ]
@@ -382,6 +384,7 @@ def junit_properties(result, description: dict, gpu_uuid: str | None) -> list[tu
     props = {
         "expected": result.scenario.expect.value,
         "observed": result.observed.value if result.observed else "none",
+        "evidence": ",".join(e.value for e in result.verdict.evidence) if result.verdict else "",
         "stale_rate": f"{result.tally.stale_rate:.4f}",
         "stale_layers": _layers(result),
         "findings": len(result.findings),

@@ -32,7 +32,8 @@ def _one(name: str, waits: bool, replays: int) -> dict:
     from harness.run.pipeline import run_scenario
     from harness.run.scenario_file import default_files, load_files
 
-    scenario = {s.name: s for s in load_files(default_files())}[name].with_overrides(accessor="per_layer" if waits else "none")
+    scenarios = {s.name: s for s in load_files(default_files())}
+    scenario = scenarios[name].with_overrides(accessor="per_layer" if waits else "none")
     if not waits:  # outlast the eager ops' host launch time, as the eager controls do
         scenario = scenario.with_overrides(fault=Fault(FaultKind.DELAY, 10_000.0, DelayWhere.FIRST))
     dev = CudaDevice()

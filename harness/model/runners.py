@@ -29,7 +29,7 @@ class Runner(abc.ABC):
         self.model = model
         self.counter = counter
 
-    def prepare(self) -> None:
+    def prepare(self) -> None:  # noqa: B027 - the eager runner captures nothing
         """Capture whatever graphs the backend needs (no pending load allowed)."""
 
     @abc.abstractmethod

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: N812 - torch's own idiom
 
 from harness.devices.base import Device, dtype_of
 from harness.model.arena import arena_layout
@@ -76,7 +76,7 @@ class MambaMixWeights:
     Also caches a^1..a^T per token count T, the decay powers of the closed-form scan.
     """
 
-    def __init__(self, w: "MambaWeights"):
+    def __init__(self, w: MambaWeights):
         self.conv_w = w.conv_w.float()
         self.conv_b = w.conv_b.float()
         self.w_bc = torch.cat([w.w_b, w.w_c]).float().t().contiguous()  # [d, 2N]

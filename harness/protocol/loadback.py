@@ -93,7 +93,7 @@ def _split(n: int, parts: int) -> list[slice]:
     """`parts` contiguous, nearly equal, non-empty slices of range(n) (fewer if n < parts)."""
     parts = max(1, min(parts, n))
     bounds = [n * i // parts for i in range(parts + 1)]
-    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 def plan_copies(layout: Layout, host: HostPool, pool: HybridPool, chunks: int = 1) -> CopyPlan:
@@ -142,7 +142,7 @@ def _layer_copies(
     if layout.shape.layers[layer] == "A":
         a = pool.kv.layer_index[layer]
         loaded = [r for r in layout.requests if len(r.prefix)]
-        for r, rk, rv in zip(loaded, regions[0::2], regions[1::2]):
+        for r, rk, rv in zip(loaded, regions[0::2], regions[1::2], strict=False):
             rows = slice(r.host_offset, r.host_offset + len(r.prefix))
             dst = slice(r.prefix.start, r.prefix.stop)
             yield pool.kv.k[a, dst], host.k[a, rows], rk

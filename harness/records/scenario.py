@@ -204,7 +204,7 @@ class Scenario:
             f"{extra} fault={self.fault.describe()}"
         )
 
-    def with_overrides(self, **changes) -> "Scenario":
+    def with_overrides(self, **changes) -> Scenario:
         return replace(self, **changes)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Union
+from typing import Any
 
 StreamId = int
 EventId = int
@@ -132,7 +132,7 @@ class Replay:
     body: tuple[Op, ...] = field(default=())
 
 
-Op = Union[Copy, Record, Wait, Kernel, Delay, Hold, HostSync, HostWait, Replay]
+Op = Copy | Record | Wait | Kernel | Delay | Hold | HostSync | HostWait | Replay
 
 
 def on_stream(op: Op, stream: StreamId) -> Op:

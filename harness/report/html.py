@@ -68,7 +68,7 @@ def _table(header: list[str], rows: list[list], numeric: set[int] = frozenset(),
     """An HTML table; every cell is escaped here and nowhere else."""
     table = f'<table class="{css}">' if css else "<table>"
     out = [table + "<tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>"]
-    for row_css, cells in zip(row_classes or [""] * len(rows), rows):
+    for row_css, cells in zip(row_classes or [""] * len(rows), rows, strict=False):
         tds = "".join(f'<td class="num">{escape(str(c))}</td>' if i in numeric else f"<td>{escape(str(c))}</td>"
                       for i, c in enumerate(cells))
         out.append(f'<tr class="{row_css}">{tds}</tr>' if row_css else f"<tr>{tds}</tr>")

@@ -119,7 +119,7 @@ def fence_cost_png(bench: dict | None) -> bytes | None:
     strategies = list(dict.fromkeys(p["strategy"] for p in points))
     fig = Figure(figsize=(10.0, 3.4 * len(kinds)), dpi=100, layout="constrained")
     axes = fig.subplots(len(kinds), 1, squeeze=False)[:, 0]
-    for ax, kind in zip(axes, kinds):
+    for ax, kind in zip(axes, kinds, strict=False):
         mine = [p for p in points if p["model"] == kind]
         shapes = list(dict.fromkeys((p["layers"], p["prefix"]) for p in mine))
         by_key = {(p["layers"], p["prefix"], p["strategy"]): p for p in mine}
@@ -159,7 +159,7 @@ def timeline_png(name: str, timeline: dict | None) -> bytes | None:
     sliver = max(t1 - t0, 1e-9) * 0.004
     fig = Figure(figsize=(9, 1.3 + 0.6 * len(lanes)), dpi=100, layout="constrained")
     ax = fig.add_subplot()
-    for s, marked in zip(spans, stale_marks(timeline)):
+    for s, marked in zip(spans, stale_marks(timeline), strict=False):
         y = lanes.index(s["stream"])
         # Spans that hold others (a replay holds its accesses) are drawn full height underneath;
         # the short operations go on top, half height, so both stay visible.

@@ -42,9 +42,12 @@ def variant_label(s: dict) -> str:
 
 
 def observed_text(s: dict) -> str:
+    """The verdict with its evidence ("race (data, analysis)"), as the run decided it."""
     if s.get("error"):
         return f"error: {s['error']}"
-    return s["observed"] or "-"
+    if s.get("verdict"):
+        return s["verdict"]
+    return s["observed"] or "-"  # a results.json written before verdicts carried their evidence
 
 
 def stale_text(s: dict) -> str:

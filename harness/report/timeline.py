@@ -57,7 +57,7 @@ def chrome_trace(timeline: dict, name: str = "fence-harness") -> dict:
         meta = {"ph": "M", "pid": PID, "tid": tid}
         events.append({"name": "thread_name", **meta, "args": {"name": stream}})
         events.append({"name": "thread_sort_index", **meta, "args": {"sort_index": tid}})
-    for s, marked in zip(spans, stale_marks(timeline)):
+    for s, marked in zip(spans, stale_marks(timeline), strict=False):
         layer = span_layer(s)
         args = {"kind": s["kind"]}
         if layer is not None:

@@ -78,7 +78,7 @@ class Stats:
     n: int
 
     @classmethod
-    def of(cls, samples_us: list[float]) -> "Stats":
+    def of(cls, samples_us: list[float]) -> Stats:
         xs = sorted(samples_us)
         q = statistics.quantiles(xs, n=10) if len(xs) >= 2 else [xs[0]] * 9
         return cls(statistics.median(xs) / 1e3, q[0] / 1e3, q[-1] / 1e3, len(xs))

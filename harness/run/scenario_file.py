@@ -24,8 +24,9 @@ from __future__ import annotations
 import difflib
 import math
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 try:
     import tomllib
