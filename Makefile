@@ -1,9 +1,11 @@
-# make test      CPU suite (creates .venv on first use; torch pinned to the CPU build 2.13.0)
+# make test      lint (ruff), types (mypy), then the CPU suite (creates .venv on first use; torch
+#                pinned to the CPU build 2.13.0)
 # make test-engine  the engine adapter's tests, against an installed sglang 0.5.23 (own venv)
 # make run       the default scenario set: on the GPU when torch sees one, else on the CPU simulator
 # make gpu-test  GPU tests + every default scenario as a test item + the mutant kill matrix, on a
 #                runner that already has torch (no install step)
 # make bench     fence strategies: correctness on every race scenario, then their cost
+# make gpu-verdicts  on a GPU runner: the GPU's verdicts that the simulator's fidelity test compares
 
 VENV      ?= .venv
 VPY       := $(VENV)/bin/python
@@ -12,7 +14,7 @@ REPORTS   ?= reports
 PYTHON    ?= python3
 HAS_TORCH := $(shell $(PYTHON) -c 'import torch' >/dev/null 2>&1 && echo yes)
 
-.PHONY: test test-engine run gpu-test bench clean
+.PHONY: test test-engine run gpu-test gpu-verdicts bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -22,6 +24,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 test: $(VENV)/.installed
+	$(VENV)/bin/ruff check harness tests
+	$(VENV)/bin/mypy
 	$(VPY) -m pytest -q -m "not gpu" -n 2
 
 # The engine adapter's tests, in their own venv: sglang 0.5.23 pins torch 2.14.1, not the CPU
@@ -63,6 +67,14 @@ gpu-test:
 	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu -p no:cacheprovider -p harness.frontends.pytest_plugin $(XDIST) \
 		--junitxml=$(REPORTS)/junit.xml --harness-device cuda --harness-report $(REPORTS) \
 		--harness-scenarios $(wildcard scenarios/*.toml) --harness-mutants $(wildcard scenarios/mutants/*.toml)
+
+# Every scenario of scenarios/*.toml, the fidelity set and the kill matrix on the GPU, on a quiet
+# device (another process's work moves the timing races): tests/test_fidelity.py checks the
+# simulator against this file, which records the GPU, driver and torch it came from.
+VERDICT_FILES = $(wildcard scenarios/*.toml) scenarios/fidelity/shared.toml $(wildcard scenarios/mutants/*.toml)
+gpu-verdicts:
+	PYTHONPATH=. $(PYTHON) -m harness run $(VERDICT_FILES) --device cuda --out $(REPORTS)/verdicts
+	cp $(REPORTS)/verdicts/results.json tests/data/gpu_verdicts.json
 
 # What each correct fence costs (device events; the whole sweep on a GPU, the default point on the
 # simulator), and every strategy against every full-graph race scenario.

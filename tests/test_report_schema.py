@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.records.errors import InputError
-from harness.report.schema import ReportInputError, load, validate
+from harness.records.errors import InputError, ReportInputError
+from harness.report.schema import load, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "tests" / "data" / "report" / "results-h200-core.json"

@@ -127,3 +127,10 @@ def test_bench_point_times_every_arm_against_the_bound():
         assert by[s]["ratio_to_bound"] >= 0.99, by[s]
     assert by["none"]["ratio_to_bound"] < by["final_event"]["ratio_to_bound"]
     assert all(r["load_ms"] > 0 and r["compute_ms"] > 0 and r["repeats"] == 3 for r in rows)
+
+
+def test_a_plugin_fence_is_benched_by_name_like_any_arm(wayward):
+    polling = f"{wayward}:poll_until_loaded"
+    res = bench_point(SimDevice(), Point("hybrid", 4, 64, new=8), repeats=2, warmup=1, arms=("none", polling))
+    assert [r["strategy"] for r in res.rows()] == ["none", polling]
+    assert res.ratio(polling) >= 0.99  # it waits for the whole load: no faster than the bound

@@ -10,18 +10,23 @@ from harness.records.errors import InputError
 DEVICE_NAMES = ("auto", "cuda", "sim")
 
 
+def device_kind(name: str) -> str:
+    """"cuda" or "sim" for a device name, without opening it; `auto` is cuda when torch sees one."""
+    if name not in DEVICE_NAMES:
+        raise InputError("--device", "", f"unknown device '{name}'; valid: {', '.join(DEVICE_NAMES)}")
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "sim"
+
+
 def open_device(name: str, sim_costs: Sequence[str] = ()) -> Device:
     """Open the named device; `auto` picks CUDA when torch sees one, else the simulator.
 
     `sim_costs` are `KEY=VALUE` settings of the simulator's cost model.
     """
-    if name not in DEVICE_NAMES:
-        raise InputError("--device", "", f"unknown device '{name}'; valid: {', '.join(DEVICE_NAMES)}")
-    if name == "auto":
-        import torch
-
-        name = "cuda" if torch.cuda.is_available() else "sim"
-    if name == "cuda":
+    if device_kind(name) == "cuda":
         from harness.devices.cuda import CudaDevice
 
         return CudaDevice()
@@ -30,4 +35,4 @@ def open_device(name: str, sim_costs: Sequence[str] = ()) -> Device:
     return SimDevice(SimCosts.from_settings(sim_costs))
 
 
-__all__ = ["Device", "Event", "Graph", "Stream", "dtype_of", "open_device", "DEVICE_NAMES"]
+__all__ = ["Device", "Event", "Graph", "Stream", "dtype_of", "device_kind", "open_device", "DEVICE_NAMES"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +79,12 @@ class Event(abc.ABC):
         """Block the host until the latest record has completed."""
 
 
+# Inside `Device` and its subclasses the methods `Stream` and `Event` (named as in
+# device_module) shadow these classes, so annotations there use these names.
+_Stream = Stream
+_Event = Event
+
+
 class Gate(abc.ABC):
     """A host-released hold on a stream: the stream waits until the host opens it.
 
@@ -125,6 +131,7 @@ class Device(abc.ABC):
 
     name: str
     torch_device: torch.device
+    clock: str  # what its timings count: "device" time (CUDA events) or "virtual" time (the simulator)
 
     def __init__(self) -> None:
         self._next_id = 0
@@ -161,7 +168,7 @@ class Device(abc.ABC):
         elif self._trace is not None:
             self._trace.add(op)
 
-    def _name_stream(self, stream: Stream) -> None:
+    def _name_stream(self, stream: _Stream) -> None:
         if self._trace is not None:
             self._trace.stream_names[stream.id] = stream.name
 
@@ -170,7 +177,7 @@ class Device(abc.ABC):
         """True while tracing outside a capture: the ops enqueued now get timeline spans."""
         return self._trace is not None and self._capture is None
 
-    def _span(self, stream: Stream, kind: str, name: str, begin: Any, end: Any) -> None:
+    def _span(self, stream: _Stream, kind: str, name: str, begin: Any, end: Any) -> None:
         """Keep one op's markers for the timeline (only while `timing`)."""
         assert self._trace is not None
         self._trace.marks.append((stream.id, name, kind, begin, end))
@@ -197,7 +204,7 @@ class Device(abc.ABC):
         """A gate for the load stream; raises GateUnavailable where none can be built."""
         raise GateUnavailable(f"the {self.name} device has no gate")
 
-    def host_wait(self, event: Event, timeout_s: float) -> bool:
+    def host_wait(self, event: _Event, timeout_s: float) -> bool:
         """Block the host until `event` completes or `timeout_s` passes; True if it completed."""
         deadline = time.monotonic() + timeout_s
         while not event.query():  # a True query orders the host after the event
@@ -216,14 +223,11 @@ class Device(abc.ABC):
         ...
 
     @abc.abstractmethod
-    def current_stream(self) -> Stream: ...
+    def current_stream(self) -> _Stream: ...
 
     @abc.abstractmethod
-    def stream(self, stream: Stream) -> contextlib.AbstractContextManager: ...
+    def stream(self, stream: _Stream) -> contextlib.AbstractContextManager: ...
 
-    @abc.abstractmethod
-    def streams(self) -> Iterable[Stream]:
-        """Every live stream work may have been enqueued on (the current one included)."""
 
     # ---- what a harness needs on top ----------------------------------------------
     @abc.abstractmethod
@@ -236,7 +240,7 @@ class Device(abc.ABC):
 
     def launch(
         self,
-        fn: Callable[[], None],
+        fn: Callable[[], object],
         reads: Sequence[Region] = (),
         writes: Sequence[Region] = (),
         what: str = "",
@@ -256,20 +260,14 @@ class Device(abc.ABC):
                 return
         fn()
 
-    def join_all(self, stream: Stream) -> None:
-        """`stream` waits for all work enqueued so far on every stream of this device."""
-        for other in list(self.streams()):
-            if other is not stream:
-                stream.wait_stream(other)
-
     @contextlib.contextmanager
-    def _timed(self, stream: Stream, kind: str, name: str) -> Iterator[None]:
+    def _timed(self, stream: _Stream, kind: str, name: str) -> Iterator[None]:
         """Mark `stream` around the work enqueued in the block (CUDA: device-time markers)."""
         begin = self.mark(stream)
         yield
         self._span(stream, kind, name, begin, self.mark(stream))
 
-    def mark(self, stream: Stream) -> Any:
+    def mark(self, stream: _Stream) -> Any:
         """A timing marker on `stream`: where work enqueued next could start. Read it with
         `marker_us` after a synchronize (device time on CUDA, virtual time on the simulator)."""
         return None
@@ -295,7 +293,7 @@ class Device(abc.ABC):
         if self._trace is not None and self._capture is None:
             self._trace.add(Replay(self.current_stream().id, graph.id, tuple(graph.body)))
 
-    def _saw(self, event: Event) -> None:
+    def _saw(self, event: _Event) -> None:
         """The host saw `event` complete: later host work is ordered after it."""
         if self.recording:
             self._note(HostWait(event.id))

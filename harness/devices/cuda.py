@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from harness.devices import nvml
-from harness.devices.base import Device, Event, Gate, Graph, Stream, _Capture
+from harness.devices.base import Device, Event, Gate, Graph, Stream, _Capture, _Stream
 from harness.records.errors import (
     DeviceUnavailable,
     GateUnavailable,
@@ -191,6 +191,7 @@ class CudaGate(Gate):
 
 class CudaDevice(Device):
     name = "cuda"
+    clock = "device"
 
     def __init__(self, index: int = 0):
         super().__init__()
@@ -230,11 +231,9 @@ class CudaDevice(Device):
     def current_stream(self) -> CudaStream:
         return self._wrap(torch.cuda.current_stream(self.torch_device), "default")
 
-    def stream(self, stream: Stream) -> contextlib.AbstractContextManager:
+    def stream(self, stream: _Stream) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(stream.raw)  # type: ignore[attr-defined]
 
-    def streams(self) -> list[CudaStream]:
-        return [*self._owned, self.current_stream()]
 
     # ---- harness surface ------------------------------------------------------------
     def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region) -> None:
@@ -258,13 +257,13 @@ class CudaDevice(Device):
         with self._timed_if(stream, SpanKind.DELAY, f"delay {us:g}us"):
             torch.cuda._sleep(cycles)
 
-    def _timed_if(self, stream: Stream, kind: str, name: str) -> contextlib.AbstractContextManager:
+    def _timed_if(self, stream: _Stream, kind: str, name: str) -> contextlib.AbstractContextManager:
         return self._timed(stream, kind, name) if self.timing else contextlib.nullcontext()
 
     def gate(self, timeout_s: float) -> CudaGate:
         return CudaGate(self, timeout_s)
 
-    def mark(self, stream: Stream):
+    def mark(self, stream: _Stream):
         e = torch.cuda.Event(enable_timing=True)
         e.record(stream.raw)  # type: ignore[attr-defined]
         return e

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from harness.devices.base import Device, Event, Gate, Graph, Stream, _Capture
+from harness.devices.base import Device, Event, Gate, Graph, Stream, _Capture, _Event, _Stream
 from harness.records.errors import CaptureInvalidated, HarnessError, InputError
 from harness.records.trace import (
     Copy,
@@ -114,6 +114,8 @@ class _Work:
 
 
 class SimStream(Stream):
+    _device: SimDevice
+
     def __init__(self, device: SimDevice, name: str):
         self._device = device
         self.id = device._new_id()
@@ -126,6 +128,8 @@ class SimStream(Stream):
 
 
 class SimEvent(Event):
+    _device: SimDevice
+
     def __init__(self, device: SimDevice, external: bool):
         self._device = device
         self.id = device._new_id()
@@ -198,6 +202,7 @@ class SimGraph(Graph):
 class SimDevice(Device):
     name = "sim"
     torch_device = torch.device("cpu")
+    clock = "virtual"
 
     def __init__(self, costs: SimCosts | None = None):
         super().__init__()
@@ -226,7 +231,7 @@ class SimDevice(Device):
         return self._stack[-1]
 
     @contextlib.contextmanager
-    def stream(self, stream: Stream) -> Iterator[Stream]:
+    def stream(self, stream: _Stream) -> Iterator[_Stream]:
         self._stack.append(stream)  # type: ignore[arg-type]
         self._name_stream(stream)
         try:
@@ -234,8 +239,6 @@ class SimDevice(Device):
         finally:
             self._stack.pop()
 
-    def streams(self) -> list[SimStream]:
-        return list(self._streams)
 
     # ---- enqueue ------------------------------------------------------------------
     def _enqueue(
@@ -258,7 +261,7 @@ class SimDevice(Device):
             self._span(stream, kind, name, ("start", work), ("end", work))
         return work
 
-    def mark(self, stream: Stream) -> Any:
+    def mark(self, stream: _Stream) -> Any:
         work = self._enqueue(stream, 0.0, "", "", span=False)  # type: ignore[arg-type]
         return None if work is None else ("start", work)
 
@@ -333,9 +336,10 @@ class SimDevice(Device):
         best: tuple[float, int, SimStream] | None = None
         for s in self._busy:
             w = s.queue[0]
-            if w.after is not None and w.after.time is None:
+            after = w.after.time if w.after is not None else 0.0
+            if after is None:
                 continue  # an event not recorded yet, a gate not released
-            start = max(s.free, w.ready, w.after.time if w.after is not None else 0.0)
+            start = max(s.free, w.ready, after)
             if best is None or (start, w.seq) < best[:2]:
                 best = (start, w.seq, s)
         return None if best is None else (best[0], best[2])
@@ -401,7 +405,7 @@ class SimDevice(Device):
             self._land_until(self.host_clock)
         self._saw(event)
 
-    def host_wait(self, event: Event, timeout_s: float) -> bool:
+    def host_wait(self, event: _Event, timeout_s: float) -> bool:
         mark = event.latest  # type: ignore[attr-defined]
         deadline = self.host_clock + timeout_s * 1e6
         if mark is not None:

@@ -10,7 +10,8 @@ from typing import Any, Protocol
 class Adapter(Protocol):
     """A loaded engine: its version, and its own load-event counter on a harness device."""
 
-    version: str
+    @property
+    def version(self) -> str: ...  # read-only, so a frozen dataclass can be one
 
     def counter(self, dev: Any, num_layers: int) -> Any: ...
 

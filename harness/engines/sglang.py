@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
+from typing import Any
 
 from harness.engines.engine import Engine
 from harness.records.errors import InputError
@@ -41,8 +42,9 @@ INSTALL = "make test-engine, or: pip install '.[sglang]' && pip install --no-dep
 @dataclass(frozen=True)
 class Sglang:
     version: str
-    controller: ModuleType
-    runner_cls: type
+    # Any: sglang has no types here (it may not even be installed); load() checks every name used
+    controller: Any  # the CONTROLLER module: bind() sets its device_module
+    runner_cls: type[Any]
 
     def counter(self, dev, num_layers: int):
         """The engine's own LayerDoneCounter, its events made on the harness's device."""
@@ -99,7 +101,7 @@ def load(source: str = "engine", key: str = "engine") -> Sglang:
 
 
 def _lookup(module: ModuleType, dotted: str):
-    obj = module
+    obj: object = module
     for part in dotted.split("."):
         obj = getattr(obj, part, None)
         if obj is None:

@@ -28,12 +28,14 @@ try:
         BarColumn,
         MofNCompleteColumn,
         Progress,
+        TaskID,
         TextColumn,
         TimeElapsedColumn,
     )
     from rich.table import Table
 except ImportError:
-    Console = None
+    # None marks rich absent (checked below); mypy cannot type a class that may be None
+    Console = None  # type: ignore[assignment, misc]
 
 
 def _layers(r: ScenarioResult) -> str:
@@ -91,8 +93,8 @@ class RunConsole:
         self.console = None if Console is None else Console(
             file=file, force_terminal=force_terminal, highlight=False)
         self.live = self.console is not None and self.console.is_terminal
-        self._progress = None
-        self._task = None
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
 
     def _plain(self, text: str) -> None:
         # Straight to the file: rich would wrap long lines at its idea of the width.
@@ -104,6 +106,7 @@ class RunConsole:
         if not self.live:
             self._plain(f"device: {device_name}  scenarios: {total}")
             return
+        assert self.console is not None  # live: rich is here
         self.console.print(f"[bold]device[/] {escape(device_name)}  [bold]scenarios[/] {total}")
         self._progress = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -116,6 +119,7 @@ class RunConsole:
         if not self.live:
             self._plain(plain_line(r, status))
             return
+        assert self.console is not None and self._progress is not None and self._task is not None  # start() ran
         # On the progress bar's console, so the line lands above the bar.
         self.console.print(_live_line(r, status and status.strip()))
         self._progress.update(self._task, advance=1, description=r.scenario.name)
@@ -123,6 +127,7 @@ class RunConsole:
     def note(self, text: str) -> None:
         """A remark on the scenario just done (how a fault was injected, say)."""
         if self.live:
+            assert self.console is not None
             self.console.print(f"     [dim]note: {escape(text)}[/]")
         else:
             self._plain(f"     note: {text}")
@@ -138,6 +143,7 @@ class RunConsole:
         if not self.live:
             self._plain(summary_line(results, report))
             return
+        assert self.console is not None
         self.console.print(results_table(results))
         for r in results:
             if r.error:

@@ -114,7 +114,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   f"x{res.ratio(arm):.2f} of bound  (forward starts at {res.forward_starts[arm].median_ms:.3f} ms)",
                   flush=True)
     doc = build_results([], dev.describe(), started, time.time(),
-                        {"bench": {"points": rows, "clock": "virtual" if dev.name == "sim" else "device"}})
+                        {"bench": {"points": rows, "clock": dev.clock}})
     print(f"\nresults: {write_results(args.out, doc)}")
     return 0
 

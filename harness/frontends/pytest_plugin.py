@@ -204,13 +204,11 @@ class _State:
             self._description = self.device().describe()
         return self._description
 
-    def device_kind(self) -> str:
-        """cuda or sim, without opening the device (collection marks items with it)."""
-        if self.settings.device != "auto":
-            return self.settings.device
-        import torch
+    def marker(self) -> str:
+        """gpu or sim, the mark of this session's items, without opening the device."""
+        from harness.devices import device_kind
 
-        return "cuda" if torch.cuda.is_available() else "sim"
+        return "gpu" if device_kind(self.settings.device) == "cuda" else "sim"
 
     def gpu_uuid(self) -> str | None:
         dev = self.device()
@@ -281,7 +279,7 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
 class ScenarioFile(pytest.File):
     def collect(self):
         state = _state(self.config)
-        marker = "gpu" if state.device_kind() == "cuda" else "sim"
+        marker = state.marker()
         for scenario in state.scenarios:
             if Path(scenario.source).resolve() == self.path.resolve():
                 item = ScenarioItem.from_parent(self, name=scenario.name, scenario=scenario,
@@ -300,7 +298,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     marker = None
     for item in items:
         if set(FIXTURES) & set(getattr(item, "fixturenames", ())):
-            marker = marker or ("gpu" if _state(config).device_kind() == "cuda" else "sim")
+            marker = marker or _state(config).marker()
             item.add_marker(marker)
 
 

@@ -20,17 +20,9 @@ from pathlib import Path
 import torch
 
 from harness.devices.base import Device
-from harness.records.errors import DeviceLost
+from harness.records.errors import DeviceLost, Interrupted
 from harness.records.scenario import Scenario
 from harness.run.pipeline import ScenarioResult, run_scenario
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM during a command: both take KeyboardInterrupt's path."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 def interrupt_signal(e: KeyboardInterrupt) -> signal.Signals:

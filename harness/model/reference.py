@@ -149,7 +149,7 @@ def reference_forward(
     a_index = {lid: i for i, lid in enumerate(s.attention_layers)}
     m_index = {lid: i for i, lid in enumerate(s.mamba_layers)}
     n_a, n_m, n_req = len(s.attention_layers), len(s.mamba_layers), len(layout.requests)
-    res = {
+    res: dict[str, Any] = {  # tensors, and "layers": a list of per-layer dicts
         "k": torch.zeros(n_a, layout.total_prefix, kv_heads, hd, dtype=F64),
         "v": torch.zeros(n_a, layout.total_prefix, kv_heads, hd, dtype=F64),
         "conv": torch.zeros(n_m, n_req, d_inner, s.conv - 1, dtype=F64),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own idiom
@@ -148,7 +149,7 @@ def init_weights(layout: Layout, seed: int, device: torch.device):
     def vec(n, scale=0.1, base=1.0):
         return (base + scale * torch.randn(n, generator=g)).to(dt).to(device)
 
-    layers = []
+    layers: list[AttentionWeights | MambaWeights] = []
     qkv = (s.heads + 2 * s.kv_heads) * s.head_dim
     for kind in s.layers:
         if kind == "A":
@@ -228,22 +229,22 @@ class HybridModel:
 
     # ---- steps ----------------------------------------------------------------
     def _build_steps(self) -> list[Step]:
-        def compute(name: str, kernel: Callable[[], None]) -> Step:
+        def compute(name: str, kernel: Callable[[], object]) -> Step:
             return Step(name, lambda: self.dev.launch(kernel, what=name), False)
 
         steps = [compute("embed", lambda: self.h.copy_(self.x))]
         for lid, w in enumerate(self.layers):
             if isinstance(w, AttentionWeights):
                 steps += [
-                    compute(f"L{lid}.qkv", lambda w=w: self._qkv(w)),
-                    Step(f"L{lid}.attention", lambda lid=lid: self._attention_step(lid), True),
-                    compute(f"L{lid}.o_mlp", lambda w=w: self._o_mlp(w)),
+                    compute(f"L{lid}.qkv", partial(self._qkv, w)),
+                    Step(f"L{lid}.attention", partial(self._attention_step, lid), True),
+                    compute(f"L{lid}.o_mlp", partial(self._o_mlp, w)),
                 ]
             else:
                 steps += [
-                    compute(f"L{lid}.in_proj", lambda w=w: self._in_proj(w)),
-                    Step(f"L{lid}.mamba", lambda lid=lid: self._mamba_step(lid), True),
-                    compute(f"L{lid}.out_proj", lambda w=w: self._out_proj(w)),
+                    compute(f"L{lid}.in_proj", partial(self._in_proj, w)),
+                    Step(f"L{lid}.mamba", partial(self._mamba_step, lid), True),
+                    compute(f"L{lid}.out_proj", partial(self._out_proj, w)),
                 ]
         steps.append(compute("final_norm", self._final))
         return steps

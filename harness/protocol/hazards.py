@@ -57,7 +57,6 @@ OtherLoad = Callable[[CopyPlan, FaultPlan], LoadOp]
 class HazardStrategy:
     """Read-after-write, the default: poison the slots, load them back, run the forward."""
 
-    kind = Hazard.RAW
     holds_forward = False  # a gate fault holds the load stream (False) or the forward (True)
 
     def setup(self, bed: HazardBed) -> None:
@@ -77,8 +76,6 @@ class ReadAfterWrite(HazardStrategy):
 
 
 class WriteAfterWrite(HazardStrategy):
-    kind = Hazard.WAW
-
     def prepare(self, bed: HazardBed) -> None:
         # The right data already there (resident state): only a late copy can be seen.
         for layer in bed.copies:
@@ -88,7 +85,6 @@ class WriteAfterWrite(HazardStrategy):
 
 
 class WriteAfterRead(HazardStrategy):
-    kind = Hazard.WAR
     holds_forward = True
 
     def setup(self, bed: HazardBed) -> None:

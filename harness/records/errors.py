@@ -5,6 +5,8 @@ Inner layers raise these; only the CLI prints them (one line, no traceback).
 
 from __future__ import annotations
 
+import signal
+
 
 class HarnessError(Exception):
     """Root of every error the harness raises on purpose."""
@@ -79,3 +81,19 @@ class PluginError(HarnessError):
     It ends the scenario it happened in, as that scenario's error; the run goes on.
     Fix the plugin named in the message.
     """
+
+
+class ReportInputError(InputError):
+    """A results document that cannot be read: not JSON, another schema, a key missing.
+
+    Give `report` / `compare` a results.json written by this harness (schema version 1).
+    """
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM while a command runs: both take KeyboardInterrupt's path, so the run
+    stops the same way (the finished scenarios kept as a partial results.json)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum

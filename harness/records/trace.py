@@ -14,7 +14,7 @@ Ids are small integers given out by the device.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 StreamId = int
@@ -90,7 +90,7 @@ class Kernel:
     reads: tuple[Region, ...] = ()
     writes: tuple[Region, ...] = ()
     what: str = ""
-    fn: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+    fn: Callable[[], object] | None = field(default=None, compare=False, repr=False)
 
     @property
     def touches_pools(self) -> bool:
@@ -135,11 +135,6 @@ class Replay:
 Op = Copy | Record | Wait | Kernel | Delay | Hold | HostSync | HostWait | Replay
 
 
-def on_stream(op: Op, stream: StreamId) -> Op:
-    """The same op enqueued on `stream` (a replay runs its captured body on the replay stream)."""
-    return replace(op, stream=stream) if hasattr(op, "stream") else op
-
-
 def describe(op: Op, names: dict[StreamId, str], indent: str = "") -> str:
     """One op in words, for `repro` output."""
 
@@ -181,9 +176,8 @@ class SpanKind:
     GATE = "gate"
     ACCESS = "access"  # a kernel that reads or writes pool memory
     KERNEL = "kernel"  # a kernel that touches no pool
-    SYNC = "sync"
 
-    ALL = (COPY, RECORD, WAIT, REPLAY, DELAY, GATE, ACCESS, KERNEL, SYNC)
+    ALL = (COPY, RECORD, WAIT, REPLAY, DELAY, GATE, ACCESS, KERNEL)
 
 
 @dataclass(frozen=True)

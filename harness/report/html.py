@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Set
 from html import escape
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def _value(v) -> str:
     return json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else str(v)
 
 
-def _table(header: list[str], rows: list[list], numeric: set[int] = frozenset(),
+def _table(header: list[str], rows: list[list], numeric: Set[int] = frozenset(),
            row_classes: list[str] | None = None, css: str = "") -> str:
     """An HTML table; every cell is escaped here and nowhere else."""
     table = f'<table class="{css}">' if css else "<table>"
@@ -125,8 +126,8 @@ def _plots(doc: dict) -> str:
         "detection probability against injected delay, per backend and fence")
     add("Mutant kill matrix", plots.kill_matrix_png(doc.get("mutants")), "mutant kill matrix")
     add("Fence cost", plots.fence_cost_png(doc.get("bench")), "fence cost: median over bound per strategy")
-    timelines = [(s["name"], plots.timeline_png(s["name"], s.get("timeline"))) for s in doc["scenarios"]]
-    timelines = [(n, png) for n, png in timelines if png is not None]
+    drawn = [(s["name"], plots.timeline_png(s["name"], s.get("timeline"))) for s in doc["scenarios"]]
+    timelines = [(n, png) for n, png in drawn if png is not None]
     if timelines:
         sections.append("<h2>Stream timelines</h2>")
         sections += [f"<h3>{escape(n)}</h3>\n{_img(png, f'stream timeline of {n}')}" for n, png in timelines]

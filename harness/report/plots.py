@@ -26,7 +26,8 @@ EVIDENCE, NO_EVIDENCE = "#546e7a", "#eceff1"
 DARK = {"#2e7d32", "#c62828", "#ef6c00", EVIDENCE}
 KIND_COLOURS = {
     "copy": "#1e88e5", "record": "#6d4c41", "wait": "#8e24aa", "replay": "#43a047",
-    "delay": "#bdbdbd", "gate": "#757575", "access": "#fdd835", "kernel": "#fff59d", "sync": "#00897b",
+    "delay": "#bdbdbd", "gate": "#757575", "access": "#fdd835", "kernel": "#fff59d",
+    "sync": "#00897b",  # older results' host synchronize spans
 }
 STALE = "#d50000"
 CONTAINERS = ("replay", "delay", "gate", "sync")
@@ -107,7 +108,8 @@ def kill_matrix_png(mutants: dict | None) -> bytes | None:
 
 def _rgb(colour: str) -> tuple[float, float, float]:
     h = colour.lstrip("#")
-    return tuple(int(h[i:i + 2], 16) / 255 for i in (0, 2, 4))
+    r, g, b = (int(h[i:i + 2], 16) / 255 for i in (0, 2, 4))
+    return r, g, b
 
 
 def fence_cost_png(bench: dict | None) -> bytes | None:

@@ -19,7 +19,7 @@ A document is one JSON object::
         fault_text  the fault in words, e.g. "delay 1000us each"
         timeline    {clock: "virtual" | "device", stale_layers: [int],
                      spans: [{stream, name, kind, start_us, end_us, layer?}]}: one traced
-                    replay, or null; span kinds: copy record wait replay delay gate access sync
+                    replay, or null; span kinds: copy record wait replay delay gate access kernel (sync in older files)
     mutants         (optional) {matrix: [{name, role: "mutant" | "correct", variant, outcome:
                     "killed" | "survived" | "clean" | "flagged" | "error", stale_rate, findings}]}
     bench           (optional) {clock, points: [{model, layers, prefix, new, strategy, median_ms,
@@ -46,14 +46,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.records.errors import InputError
+from harness.records.errors import ReportInputError
 from harness.records.trace import SpanKind
 from harness.report.results import SCHEMA_VERSION
-
-
-class ReportInputError(InputError):
-    """A results document that cannot be read: not JSON, another schema, a key missing."""
-
 
 # --- the type vocabulary of SCHEMA ---------------------------------------------------------
 
@@ -82,7 +77,7 @@ INT = "int"
 STR = "str"
 BOOL = "bool"
 
-SPAN_KINDS = OneOf(*SpanKind.ALL)
+SPAN_KINDS = OneOf(*SpanKind.ALL, "sync")  # "sync": host synchronize spans of older results
 
 SCENARIO = {
     "name": STR,

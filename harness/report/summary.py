@@ -78,17 +78,17 @@ def render_summary(doc: dict) -> str:
         mark = "" if s["met"] else " ❌"
         rows.append([f"{s['name']}{mark}", s["expect"], observed_text(s), stale_text(s), len(s["findings"])])
     lines += _table(["scenario", "expected", "observed", "stale rate", "findings"], rows)
-    rows = matrix_rows(doc.get("mutants"))
-    if rows:
-        mutants = [m for m in rows if m["role"] == "mutant"]
-        correct = [m for m in rows if m["role"] == "correct"]
+    matrix = matrix_rows(doc.get("mutants"))
+    if matrix:
+        mutants = [m for m in matrix if m["role"] == "mutant"]
+        correct = [m for m in matrix if m["role"] == "correct"]
         killed = sum(m["outcome"] == "killed" for m in mutants)
         clean = sum(m["outcome"] == "clean" for m in correct)
         lines += ["", f"**Kill matrix**: {killed}/{len(mutants)} mutants killed, "
                       f"{clean}/{len(correct)} correct variants clean", ""]
         lines += _table(["scenario", "role", "outcome", "stale rate", "findings"],
                         [[m["name"], m["role"], m["outcome"], f"{m['stale_rate']:.1%}", m["findings"]]
-                         for m in rows])
+                         for m in matrix])
     return "\n".join(lines) + "\n"
 
 

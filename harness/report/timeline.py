@@ -31,11 +31,11 @@ def stale_marks(timeline: dict) -> list[bool]:
     layer's last copy ended (a read that beat its data)?
 
     Later reads of the same layer, such as the harness's own look at the state after the
-    fence or sync, are not marked.
+    fence, are not marked.
     """
     spans = timeline["spans"]
     stale = set(timeline.get("stale_layers") or [])
-    landed: dict[int, float] = {}
+    landed: dict[int | None, float] = {}  # looked up by span_layer(s), which may be None
     for s in spans:
         layer = span_layer(s)
         if s["kind"] == "copy" and layer in stale:

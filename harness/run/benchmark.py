@@ -8,9 +8,9 @@ the forward stream (device events; virtual time on the simulator):
 
     mark -> start the load op -> fence -> mark -> forward -> mark -> synchronize
 
-`load` (the load op alone, the forward stream waiting on its final event) and
-`compute` (the forward with no load pending) are timed the same way, on a plain
-testbed; no strategy can beat max(load, compute). Arms run round-robin, warm-up
+`load` (the load op alone: the fence `load_bound` runs no forward, only a wait on
+the final event) and `compute` (the forward with no load pending) are timed the same
+way; no strategy can beat max(load, compute). Arms run round-robin, warm-up
 first, so drift hits them alike; each reports median and p10 / p90 over the repeats.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.devices.base import Device
-from harness.protocol.fences import STRATEGIES
+from harness.protocol.fences import STRATEGIES, FenceContext
 from harness.records.scenario import (
     Backend,
     Expect,
@@ -112,6 +112,27 @@ class PointResult:
         ]
 
 
+class _LoadOnly:
+    """A runner that runs no forward: the forward stream only waits for the whole load op."""
+
+    backend = Backend.FULL
+
+    def __init__(self, ctx: FenceContext):
+        self.ctx = ctx
+
+    def run(self) -> None:
+        if self.ctx.op is not None:
+            self.ctx.forward.wait_event(self.ctx.op.finish_event)
+
+
+def load_bound(ctx: FenceContext) -> _LoadOnly:
+    """The `load` bound as a fence: the load op alone, timed like any arm."""
+    return _LoadOnly(ctx)
+
+
+LOAD_BOUND = f"{__name__}:load_bound"
+
+
 class _Arm:
     """One arm's testbed and replay loop; `time()` runs one iteration and reads its markers."""
 
@@ -123,10 +144,10 @@ class _Arm:
         self.replay = Replayer(tb, tb.runner(scenario.backend), timeout_s)
         self.forward = tb.forward
 
-    def time(self, load: bool = True, forward: bool = True) -> tuple[float, float]:
+    def time(self, load: bool = True) -> tuple[float, float]:
         """(end to end, load op start to where the forward could start), in microseconds."""
         marks = Marks()
-        self.replay.run(0, Fault(), marks, load=load, forward=forward)
+        self.replay.run(0, Fault(), marks, load=load)
         us = self.dev.marker_us
         start = us(marks.start)
         assert start is not None
@@ -135,7 +156,8 @@ class _Arm:
 
 def bench_point(dev: Device, point: Point, repeats: int, warmup: int, timeout_s: float = 30.0,
                 arms: Sequence[str] = ARMS) -> PointResult:
-    base = _Arm(dev, point.scenario(), timeout_s)
+    compute = _Arm(dev, point.scenario(), timeout_s)
+    load = _Arm(dev, point.scenario().with_overrides(fence=LOAD_BOUND), timeout_s)
     runs = {name: _Arm(dev, point.scenario().with_overrides(fence=name), timeout_s) for name in arms}
     dev.synchronize(timeout_s)
     samples: dict[str, list[float]] = {n: [] for n in (*BASELINES, *arms)}
@@ -143,8 +165,8 @@ def bench_point(dev: Device, point: Point, repeats: int, warmup: int, timeout_s:
     for rep in range(warmup + repeats):
         timed = rep >= warmup
         # Round-robin: drift and clock changes hit every arm alike.
-        load_us, _ = base.time(forward=False)
-        compute_us, _ = base.time(load=False)
+        load_us, _ = load.time()
+        compute_us, _ = compute.time(load=False)
         if timed:
             samples["load"].append(load_us)
             samples["compute"].append(compute_us)

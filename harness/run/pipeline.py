@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.devices.base import Device, Gate
+from harness.model.runners import Runner
 from harness.records.analysis import Finding, find_races
 from harness.records.errors import HarnessError
 from harness.records.faults import sweep_points
 from harness.records.scenario import Expect, FaultKind, Scenario
 from harness.records.trace import Span, Trace
-from harness.run.oracle import ReplayVerdict, Tally
+from harness.run.oracle import Oracle, ReplayVerdict, Tally
 from harness.run.replay import Replayer, ground_truth, open_gate
 from harness.run.testbed import Testbed
 from harness.run.verdict import Verdict, decide
@@ -85,6 +86,11 @@ def run_scenario(
     result = ScenarioResult(scenario)
     t0 = time.perf_counter()
     gate: Gate | None = None
+    # Optional: the cleanup below drops them when the scenario ends early.
+    tb: Testbed | None
+    oracle: Oracle | None
+    runner: Runner | None
+    replay: Replayer | None
     ended = False
     try:
         tb = Testbed(scenario, dev)
@@ -105,7 +111,7 @@ def run_scenario(
         result.trace = trace
         result.findings = find_races(trace)  # structural: shows whether or not timing did
         result.timeline = dev.timeline(trace)
-        result.clock = "virtual" if dev.name == "sim" else "device"
+        result.clock = dev.clock
         result.timeline_stale_layers = tuple(sorted(traced.layers))
         gc_was_on = gc.isenabled()
         gc.disable()  # a collector pause mid-replay is host jitter the race test need not see

@@ -11,21 +11,20 @@ One replay, on the forward stream:
 3. the fence runs (it may enqueue waits, block the host, or pick another runner);
 4. the forward (a graph replay, graph segments, or eager steps);
 5. the hazard's work after the forward (write-after-read: the next batch's load);
-6. the harness's observation: the forward stream waits for every stream (so a copy
-   that no event covers cannot hide), then collects the post-prefill state and
-   compares the arena with ground truth on the device;
-7. the gate opens (once the forward has run, or after `hold_us` when a correct fence
-   keeps it waiting), and one host synchronize.
+6. the gate opens (once the forward has run, or after `hold_us` when a correct fence
+   keeps it waiting), and the host synchronizes: the whole device is quiet;
+7. the harness's observation, only then (so a copy that no event covers cannot hide):
+   collect the post-prefill state, compare the arena with ground truth on the device,
+   and synchronize once more to read the answer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from harness.devices.base import Event, Gate
+from harness.devices.base import Device, Event, Gate, Stream
 from harness.model.runners import EagerRunner, Runner
 from harness.protocol.accessors import per_layer
 from harness.protocol.fences import FenceContext
@@ -42,14 +41,24 @@ from harness.run.oracle import Oracle, ReplayVerdict
 from harness.run.testbed import Testbed
 
 
-@dataclass
 class Marks:
-    """Timing markers one replay leaves on the forward stream (read them after it finished)."""
+    """Timing markers one replay leaves on the forward stream (read them once it has finished)."""
 
-    start: Any = None  # before the load op starts
-    launch: Any = None  # where the forward could start: after the fence
-    end: Any = None  # after the forward
+    def __init__(self) -> None:
+        self.start: Any = None  # before the load op starts
+        self.launch: Any = None  # where the forward could start: after the fence
+        self.end: Any = None  # after the forward
 
+    def take(self, dev: Device, stream: Stream, at: str) -> None:
+        setattr(self, at, dev.mark(stream))
+
+
+class _Unmarked(Marks):
+    def take(self, dev: Device, stream: Stream, at: str) -> None:
+        pass
+
+
+UNMARKED = _Unmarked()  # a replay that is not timed
 
 def ground_truth(tb: Testbed, timeout_s: float) -> Oracle:
     """The replay's steps with every load landed (host-synced) before the eager forward.
@@ -68,7 +77,7 @@ def ground_truth(tb: Testbed, timeout_s: float) -> Oracle:
         dev.synchronize(timeout_s)
         EagerRunner(dev, tb.model, tb.counter).run()
         tb.hazard.after_forward(tb.bed, plan, tb.other_load(layerwise))
-        dev.join_all(tb.forward)
+        dev.synchronize(timeout_s)
         tb.model.collect_final_state()
         dev.launch(lambda: truth.copy_(arena), what="ground truth")
     dev.synchronize(timeout_s)
@@ -91,76 +100,149 @@ def open_gate(tb: Testbed, timeout_s: float) -> tuple[Gate | None, Fault, str | 
     return gate, fault, f"gate ({gate.mode})"
 
 
+class _Gating:
+    """What a gate fault does around one replay: it holds the load stream, or (write-after-read)
+    the forward; the harness opens it once the racing side has landed, or after `hold_us` when a
+    correct fence keeps that from happening."""
+
+    def __init__(self, tb: Testbed, gate: Gate):
+        self.tb, self.gate = tb, gate
+        self.on_forward = tb.hazard.holds_forward
+        self.hold_s = tb.scenario.fault.hold_us * 1e-6
+
+    @property
+    def on_load(self) -> Gate | None:
+        """The gate a load op's schedule holds (`LoadOp.hold`), or None."""
+        return None if self.on_forward else self.gate
+
+    def before_forward(self) -> None:
+        if self.on_forward:
+            self.gate.hold()
+
+    def after_forward(self) -> None:
+        self.tb.ran.record()
+
+    def open(self, op: LoadOp | None, racing: LoadOp | None) -> None:
+        # Held where the harness knows (a schedule that holds it unseen is the watchdog's).
+        if self.on_forward or (op is not None and op.held):
+            self.tb.dev.host_wait(racing.finish_event if racing is not None else self.tb.ran, self.hold_s)
+            self.gate.release()
+
+    def release(self) -> None:
+        self.gate.release()
+
+    def check(self, i: int) -> None:
+        if self.gate.timed_out:
+            raise GateTimeout(
+                f"gate-timeout in replay {i}: a gate was never opened; "
+                f"its watchdog opened it after {self.gate.timeout_s:g}s"
+            )
+
+
+class _NoGate(_Gating):
+    def __init__(self) -> None:
+        self.on_forward = False
+
+    @property
+    def on_load(self) -> Gate | None:
+        return None
+
+    def before_forward(self) -> None:
+        pass
+
+    def after_forward(self) -> None:
+        pass
+
+    def open(self, op: LoadOp | None, racing: LoadOp | None) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+    def check(self, i: int) -> None:
+        pass
+
+
+class _Observer:
+    """The harness's own look at a replay: poison the probes first; at the end, once the host
+    has synchronized (every stream's work has landed, so it hides no copy), collect and compare
+    on the device, and synchronize to read the answer."""
+
+    def __init__(self, tb: Testbed, oracle: Oracle):
+        self.tb, self.oracle = tb, oracle
+        self.mask = tb.dev.empty_host((len(oracle.units),), torch.bool)  # pinned on CUDA
+        self.mask.zero_()
+
+    def before(self) -> None:
+        tb = self.tb
+        tb.hazard.prepare(tb.bed)
+        arena, value = tb.model.probes.arena, tb.scenario.poison
+        tb.dev.launch(lambda: arena.fill_(value), what="poison probes")
+
+    def after(self, timeout_s: float) -> None:
+        tb, oracle, mask = self.tb, self.oracle, self.mask
+        with tb.dev.stream(tb.forward):
+            tb.model.collect_final_state()
+            arena = tb.model.probes.arena
+            tb.dev.launch(lambda: mask.copy_(oracle.stale_mask(arena), non_blocking=True), what="compare")
+        tb.dev.synchronize(timeout_s)
+
+
+class _Unobserved(_Observer):
+    """Timing only (the benchmark): nothing is prepared, poisoned or compared."""
+
+    def __init__(self, tb: Testbed):
+        self.tb = tb
+
+    def before(self) -> None:
+        pass
+
+    def after(self, timeout_s: float) -> None:
+        pass
+
+
 class Replayer:
     """One scenario's replay loop on a built testbed: everything per replay, nothing more.
 
-    Without an oracle it only times (the benchmark): nothing is poisoned or compared.
+    The steps are the same for every scenario; what differs is in the strategies the testbed
+    resolved (hazard, fence, schedule), the gate, and whether the replay is observed.
+    Without an oracle it only times (the benchmark).
     """
 
     def __init__(self, tb: Testbed, runner: Runner, timeout_s: float, gate: Gate | None = None,
                  oracle: Oracle | None = None):
-        self.tb, self.runner, self.timeout_s, self.gate, self.oracle = tb, runner, timeout_s, gate, oracle
-        self.hold_s = tb.scenario.fault.hold_us * 1e-6
+        self.tb, self.runner, self.timeout_s = tb, runner, timeout_s
+        self.gating = _Gating(tb, gate) if gate is not None else _NoGate()
+        self.observer = _Observer(tb, oracle) if oracle is not None else _Unobserved(tb)
+        self.oracle = oracle
         self.other_load = tb.other_load()
-        self.mask: torch.Tensor | None = None
-        if oracle is not None:
-            self.mask = torch.zeros(len(oracle.units), dtype=torch.bool)
-            if tb.dev.torch_device.type == "cuda":
-                self.mask = self.mask.pin_memory()
 
     def __call__(self, i: int, fault: Fault) -> ReplayVerdict:
         """One observed replay (index i; -1 is the traced one) and its verdict."""
-        assert self.oracle is not None and self.mask is not None
+        assert self.oracle is not None
         self.run(i, fault)
-        return self.oracle.verdict(self.mask)
+        return self.oracle.verdict(self.observer.mask)
 
-    def run(self, i: int, fault: Fault, marks: Marks | None = None, *, load: bool = True,
-            forward: bool = True) -> None:
-        """One replay, from the slots' preparation to the host synchronize.
-
-        `load=False` runs the forward with no load pending, `forward=False` the load op
-        alone with the forward stream waiting on its final event (the benchmark's bounds).
-        """
-        tb, dev, gate, hazard = self.tb, self.tb.dev, self.gate, self.tb.hazard
+    def run(self, i: int, fault: Fault, marks: Marks = UNMARKED, *, load: bool = True) -> None:
+        """One replay, from the slots' preparation to the host synchronize (`load=False`: the
+        forward with no load pending, the benchmark's compute bound)."""
+        tb, dev, gating = self.tb, self.tb.dev, self.gating
         plan = FaultPlan(fault, i)
-        observe = self.oracle is not None
-        op: LoadOp | None = None
-        racing: LoadOp | None = None
         with dev.stream(tb.forward):
-            if observe:
-                hazard.prepare(tb.bed)
-                self._poison_probes()
-            if marks:
-                marks.start = dev.mark(tb.forward)
-            if load:
-                op = tb.start_load(plan, gate=None if hazard.holds_forward else gate)
+            self.observer.before()
+            marks.take(dev, tb.forward, "start")
+            op = tb.start_load(plan, gate=gating.on_load) if load else None
             runner = self._fenced(i, op)
-            if marks:
-                marks.launch = dev.mark(tb.forward)
-            if gate is not None and hazard.holds_forward:
-                gate.hold()
-            if forward:
-                runner.run()
-            elif op is not None:
-                tb.forward.wait_event(op.finish_event)
-            if marks:
-                marks.end = dev.mark(tb.forward)
-            if gate is not None:
-                tb.ran.record()
-            racing = hazard.after_forward(tb.bed, plan, self.other_load)
-            if observe:
-                self._observe()
-        if gate is not None and (hazard.holds_forward or (op is not None and op.held)):
-            # Held where the harness knows, so it opens it: once the racing side has landed
-            # (the forward has run; the next batch's load has landed), or after hold_us.
-            dev.host_wait(racing.finish_event if racing is not None else tb.ran, self.hold_s)
-            gate.release()
-        dev.synchronize(self.timeout_s)  # the one host synchronize of a replay
-        if gate is not None and gate.timed_out:
-            raise GateTimeout(
-                f"gate-timeout in replay {i}: a gate was never opened; "
-                f"its watchdog opened it after {gate.timeout_s:g}s"
-            )
+            marks.take(dev, tb.forward, "launch")
+            gating.before_forward()
+            runner.run()
+            marks.take(dev, tb.forward, "end")
+            gating.after_forward()
+            racing = tb.hazard.after_forward(tb.bed, plan, self.other_load)
+        gating.open(op, racing)
+        dev.synchronize(self.timeout_s)  # the whole device quiet
+        gating.check(i)
+        self.observer.after(self.timeout_s)
         tb.counter.set_consumer(-1)  # the host saw everything land: the load's slots are released
 
     def _fenced(self, i: int, op: LoadOp | None) -> Runner:
@@ -176,20 +258,6 @@ class Replayer:
 
     def _host_wait(self, event: Event) -> None:
         """A fence that blocks the host: open the gate first (nothing else could), then wait."""
-        if self.gate is not None:
-            self.gate.release()
+        self.gating.release()
         if not self.tb.dev.host_wait(event, self.timeout_s):
             raise ReplayTimeout(f"a fence's host wait did not finish within {self.timeout_s:g}s")
-
-    def _poison_probes(self) -> None:
-        arena, value = self.tb.model.probes.arena, self.tb.scenario.poison
-        self.tb.dev.launch(lambda: arena.fill_(value), what="poison probes")
-
-    def _observe(self) -> None:
-        """The harness's own look, once every stream's work has landed: it hides no copy."""
-        tb, oracle, mask = self.tb, self.oracle, self.mask
-        assert oracle is not None and mask is not None
-        tb.dev.join_all(tb.forward)
-        tb.model.collect_final_state()
-        arena = tb.model.probes.arena
-        tb.dev.launch(lambda: mask.copy_(oracle.stale_mask(arena), non_blocking=True), what="compare")

@@ -24,13 +24,14 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:  # Python 3.10
     import tomli as tomllib
 
 from harness.records.errors import InputError
@@ -478,8 +479,8 @@ def _tolerance(value: Any, key: str) -> Tolerance:
 
 
 # Scenario fields in file order; "model" needs the file's named models, so the
-# parser for it is filled in per file (see _scenario_fields).
-_SCENARIO_FIELDS: dict[str, Parser] = {
+# parser for it is filled in per file (see _scenario_fields): until then it is no Parser.
+_SCENARIO_FIELDS: dict[str, Callable[..., Any]] = {
     "name": _name,
     "model": _model_ref,
     "batch": _batch,
