@@ -324,3 +324,14 @@ def test_bare_mamba_pool_accessor_never_waits():
     with b.dev.tracing() as t:
         b.pool.mamba.layer_cache(1)
     assert waits(t) == []
+
+
+def test_a_load_op_tells_a_plugin_its_page_size_layer_kinds_and_events():
+    b = bench()
+    with b.dev.stream(b.forward):
+        op = start_loading(b.dev, b.counter, b.load, b.copies, FaultPlan(Fault()), b.layout)
+    assert op.page_size == SHAPE.page_size == 4
+    assert op.layer_kinds == ("attention", "mamba", "attention", "mamba")
+    events = b.counter.events[op.index]
+    assert op.finish_event is events.finish_event and op.load_events == events.load_events
+    assert op.start_event is events.start_event and op.stream is b.load

@@ -239,7 +239,6 @@ class SimDevice(Device):
         finally:
             self._stack.pop()
 
-
     # ---- enqueue ------------------------------------------------------------------
     def _enqueue(
         self, stream: SimStream, duration: float, kind: str, name: str, *,

@@ -1,1 +1,2 @@
-"""."""
+"""Records and ordering: errors, scenarios, faults, the op list, stream clocks and the happens-before
+analyser over them. Pure logic: nothing here touches a device, and nothing here imports another layer."""

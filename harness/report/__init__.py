@@ -1,6 +1,7 @@
 """Reports over results.json: a Markdown summary, a self-contained HTML page with plots, Chrome
 traces of stream timelines, and a comparison of two runs.
 
+    results      results.json from scenario results, written atomically
     schema       the results.json layout (version 1) and `validate`
     environment  `collect_environment`: device, NVML (matched by UUID) and host details
     summary      summary.md

@@ -60,6 +60,7 @@ class _Unmarked(Marks):
 
 UNMARKED = _Unmarked()  # a replay that is not timed
 
+
 def ground_truth(tb: Testbed, timeout_s: float) -> Oracle:
     """The replay's steps with every load landed (host-synced) before the eager forward.
 
