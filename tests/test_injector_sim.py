@@ -108,10 +108,13 @@ def test_a_gate_never_opened_ends_as_a_gate_timeout_error_not_a_hang(stuck_gate)
 def test_gate_timeline_shows_the_hold_and_the_replay_before_the_copies():
     r = run_scenario(scenario(fault=Fault(FaultKind.GATE)), SimDevice(), replays=1)
     spans = {sp.kind: sp for sp in r.timeline}
-    assert {"gate", "copy", "replay", "wait", "record", "access"} <= set(spans)
+    assert {"gate", "copy", "replay", "wait", "record", "harness"} <= set(spans)
     replay = next(sp for sp in r.timeline if sp.kind == "replay")
     copies = [sp for sp in r.timeline if sp.kind == "copy" and sp.stream == "load"]
     assert all(c.start_us >= replay.end_us for c in copies)
+    # The harness's own look comes after everything has landed, and says it is the harness's.
+    looks = [sp for sp in r.timeline if sp.kind == "harness" and "final state" in sp.name]
+    assert looks and all(sp.start_us >= max(c.end_us for c in copies) for sp in looks)
     assert r.timeline_stale_layers == (0, 1, 2, 3)
 
 

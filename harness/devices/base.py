@@ -137,6 +137,7 @@ class Device(abc.ABC):
         self._next_id = 0
         self._trace: Trace | None = None
         self._capture: _Capture | None = None
+        self._own = False  # inside harness_work()
 
     # ---- ids and the op list -------------------------------------------------
     def _new_id(self) -> int:
@@ -255,7 +256,7 @@ class Device(abc.ABC):
             stream = self.current_stream()
             self._note(Kernel(stream.id, tuple(reads), tuple(writes), what, fn))
             if self.timing:
-                with self._timed(stream, _kernel_kind(reads, writes), what or "kernel"):
+                with self._timed(stream, self._kernel_span(bool(reads or writes)), what or "kernel"):
                     fn()
                 return
         fn()
@@ -266,6 +267,22 @@ class Device(abc.ABC):
         begin = self.mark(stream)
         yield
         self._span(stream, kind, name, begin, self.mark(stream))
+
+    @contextlib.contextmanager
+    def harness_work(self) -> Iterator[None]:
+        """Kernels launched in the block are the harness's own (poisoning, observing), not the
+        work under test: their timeline spans say so, so a reader does not take them for it."""
+        self._own = True
+        try:
+            yield
+        finally:
+            self._own = False
+
+    def _kernel_span(self, touches_pools: bool) -> str:
+        """The timeline kind of a kernel span."""
+        if self._own:
+            return SpanKind.HARNESS
+        return SpanKind.ACCESS if touches_pools else SpanKind.KERNEL
 
     def mark(self, stream: _Stream) -> Any:
         """A timing marker on `stream`: where work enqueued next could start. Read it with
@@ -297,10 +314,6 @@ class Device(abc.ABC):
         """The host saw `event` complete: later host work is ordered after it."""
         if self.recording:
             self._note(HostWait(event.id))
-
-
-def _kernel_kind(reads: Sequence[Region], writes: Sequence[Region]) -> str:
-    return SpanKind.ACCESS if reads or writes else SpanKind.KERNEL
 
 
 def dtype_of(name: str) -> torch.dtype:

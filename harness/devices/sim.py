@@ -326,8 +326,7 @@ class SimDevice(Device):
                 self._land_until(t)  # a kernel sees every copy landed by its start
                 fn()
 
-            kind = SpanKind.ACCESS if op.touches_pools else SpanKind.KERNEL
-            self._enqueue(stream, cost, kind, op.what or "kernel", run=run)
+            self._enqueue(stream, cost, self._kernel_span(op.touches_pools), op.what or "kernel", run=run)
 
     # ---- the scheduler ---------------------------------------------------------------
     def _next(self) -> tuple[float, SimStream] | None:

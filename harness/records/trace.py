@@ -176,8 +176,9 @@ class SpanKind:
     GATE = "gate"
     ACCESS = "access"  # a kernel that reads or writes pool memory
     KERNEL = "kernel"  # a kernel that touches no pool
+    HARNESS = "harness"  # the harness's own work around a replay: poisoning, observing, comparing
 
-    ALL = (COPY, RECORD, WAIT, REPLAY, DELAY, GATE, ACCESS, KERNEL)
+    ALL = (COPY, RECORD, WAIT, REPLAY, DELAY, GATE, ACCESS, KERNEL, HARNESS)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ EVIDENCE, NO_EVIDENCE = "#546e7a", "#eceff1"
 DARK = {"#2e7d32", "#c62828", "#ef6c00", EVIDENCE}
 KIND_COLOURS = {
     "copy": "#1e88e5", "record": "#6d4c41", "wait": "#8e24aa", "replay": "#43a047",
-    "delay": "#bdbdbd", "gate": "#757575", "access": "#fdd835", "kernel": "#fff59d",
+    "delay": "#bdbdbd", "gate": "#757575", "access": "#fdd835", "kernel": "#fff59d", "harness": "#cfd8dc",
     "sync": "#00897b",  # older results' host synchronize spans
 }
 STALE = "#d50000"

@@ -60,6 +60,7 @@ def scenario_entry(r: ScenarioResult) -> dict:
             "clock": r.clock,
             "spans": [as_plain(sp) for sp in r.timeline],
             "stale_layers": list(r.timeline_stale_layers),
+            "fault": r.timeline_fault,
         } if r.timeline else None,
         "timings": {
             "wall_s": round(r.wall_s, 4),

@@ -103,6 +103,7 @@ SCENARIO = {
         "spans": [{"stream": STR, "name": STR, "kind": SPAN_KINDS, "start_us": NUMBER,
                    "end_us": NUMBER, "layer?": INT}],
         "stale_layers": [INT],
+        "fault?": STR,
     }),
 }
 

@@ -47,6 +47,7 @@ class ScenarioResult:
     sweep: list[SweepPoint] = field(default_factory=list)  # per delay point (sweep faults)
     timeline: list[Span] = field(default_factory=list)  # the traced replay's streams in time
     timeline_stale_layers: tuple[int, ...] = ()  # layers the traced replay read stale
+    timeline_fault: str = ""  # the fault the traced replay ran under (a sweep's: its last point)
     clock: str = "device"  # the timeline's clock: device time, or the simulator's virtual time
     verdict: Verdict | None = None  # decided once, when the scenario has ended
 
@@ -108,6 +109,7 @@ def run_scenario(
         # time before the replay launch shifts the race window of the counted ones.
         with dev.tracing() as trace:
             traced = replay(-1, points[-1][1])
+        result.timeline_fault = points[-1][1].describe()
         result.trace = trace
         result.findings = find_races(trace)  # structural: shows whether or not timing did
         result.timeline = dev.timeline(trace)

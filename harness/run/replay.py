@@ -176,13 +176,14 @@ class _Observer:
 
     def before(self) -> None:
         tb = self.tb
-        tb.hazard.prepare(tb.bed)
-        arena, value = tb.model.probes.arena, tb.scenario.poison
-        tb.dev.launch(lambda: arena.fill_(value), what="poison probes")
+        with tb.dev.harness_work():
+            tb.hazard.prepare(tb.bed)
+            arena, value = tb.model.probes.arena, tb.scenario.poison
+            tb.dev.launch(lambda: arena.fill_(value), what="poison probes")
 
     def after(self, timeout_s: float) -> None:
         tb, oracle, mask = self.tb, self.oracle, self.mask
-        with tb.dev.stream(tb.forward):
+        with tb.dev.stream(tb.forward), tb.dev.harness_work():
             tb.model.collect_final_state()
             arena = tb.model.probes.arena
             tb.dev.launch(lambda: mask.copy_(oracle.stale_mask(arena), non_blocking=True), what="compare")
