@@ -138,7 +138,8 @@ def test_write_then_unordered_copy_is_waw_but_ordered_poison_is_not():
 def test_copy_unordered_after_earlier_read_is_war():
     (f,) = find_races(story(read(FWD, K0), Copy(LOAD, K0)))
     assert f.kind is RaceKind.WRITE_AFTER_READ and f.access_first
-    assert "overwrites" in f.describe()
+    # The copy overwrites what the access read: the access is a read, and says so.
+    assert "overwrites" in f.describe() and " reads k[L0" in f.describe() and " writes k[L0" not in f.describe()
     ordered = story(read(FWD, K0), Record(FWD, EV), Wait(LOAD, EV), Copy(LOAD, K0))
     assert find_races(ordered) == []
 

@@ -112,3 +112,36 @@ def test_bad_sim_cost_is_one_line_exit_2(tiny, setting, capsys):
     assert main(["run", str(tiny), "--device", "sim", "--sim-cost", setting]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("fence-harness: --sim-cost")
+
+
+def test_a_directory_as_input_is_one_line_that_suggests_its_files(tmp_path, capsys):
+    assert main(["run", str(tmp_path), "--device", "sim", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"fence-harness: {tmp_path}: is a directory, not a scenario file; give its files: {tmp_path}/*.toml"
+
+
+REPORT_FILES = {"results.json", "summary.md", "report.html"}
+
+
+def test_fences_writes_the_report_next_to_its_results(tmp_path, monkeypatch, capsys):
+    from harness.run.scenario_file import parse_text
+
+    race = next(s for s in parse_text(TINY, "tiny.toml") if s.fence == "none")
+    monkeypatch.setattr("harness.frontends.fence_commands.race_scenarios", lambda: [race])
+    out = tmp_path / "fences"
+    assert main(["fences", "--device", "sim", "--replays", "1", "--out", str(out)]) == 0
+    assert REPORT_FILES <= {p.name for p in out.iterdir()}
+    assert "tiny-full-none" in (out / "summary.md").read_text()
+
+
+def test_bench_writes_the_report_next_to_its_results(tmp_path, monkeypatch):
+    from harness.run import benchmark
+
+    monkeypatch.setattr(benchmark, "DEFAULT_POINT", benchmark.Point("attention", 2, 64, 4))
+    out = tmp_path / "bench"
+    args = ["bench", "--device", "sim", "--points", "default", "--repeats", "2", "--warmup", "1",
+            "--arm", "final_event", "--out", str(out)]
+    assert main(args) == 0
+    assert REPORT_FILES <= {p.name for p in out.iterdir()}
+    doc = json.loads((out / "results.json").read_text())
+    assert [p["strategy"] for p in doc["bench"]["points"]] == ["final_event"]

@@ -1,7 +1,9 @@
-"""The CLI console: rich progress and table on a terminal, plain lines anywhere else."""
+"""The CLI console: rich progress and table on a terminal, plain lines anywhere else; slow rates
+keep a decimal, and a long scenario name widens the plain columns rather than shifting them."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 
@@ -9,7 +11,7 @@ import pytest
 
 import harness.frontends.console
 from harness.devices import open_device
-from harness.frontends.console import RunConsole, plain_line, results_table
+from harness.frontends.console import NAME_WIDTH, RunConsole, plain_line, rate, results_table
 from harness.run.pipeline import ScenarioResult, run_scenario
 from harness.run.scenario_file import parse_text
 
@@ -27,7 +29,7 @@ def results():
 
 
 def drive(console: RunConsole, results) -> None:
-    console.start(len(results), "sim")
+    console.start(len(results), "sim", [r.scenario.name for r in results])
     for r in results:
         console.scenario_done(r)
     console.finish(results, "reports/results.json")
@@ -100,3 +102,43 @@ def test_the_table_keeps_every_column_in_80_columns(results):
     header = next(line for line in out.getvalue().splitlines() if "scenario" in line)
     assert header.split() == ["scenario", "expected", "observed", "stale", "layers", "findings", "replays/s"]
     assert "tiny-full-final_event" in out.getvalue()  # names are never cut
+
+
+def slow(r: ScenarioResult, replays_per_s: float) -> ScenarioResult:
+    """The same result, as if its replays had run at this rate (a long scenario on a slow device)."""
+    return dataclasses.replace(r, replay_s=r.tally.replays / replays_per_s)
+
+
+@pytest.mark.parametrize("replays_per_s,shown", [(0.4, "0.4"), (0.04, "0.04"), (2.4, "2"), (205.3, "205")])
+def test_a_rate_below_one_keeps_a_decimal(results, replays_per_s, shown):
+    r = slow(results[0], replays_per_s)
+    assert rate(r.replays_per_s) == shown
+    assert plain_line(r).endswith(f" {shown} replays/s")
+    out = io.StringIO()
+    console = RunConsole(out, force_terminal=True)
+    console.console.width = 200
+    drive(console, [r])
+    lines = out.getvalue().splitlines()
+    assert any(line.endswith(f" {shown} replays/s") for line in lines)  # the live line
+    table_row = next(line for line in lines if "tiny-full-none" in line and "replays/s" not in line and "5/5" in line)
+    assert table_row.rstrip().endswith(f" {shown}")
+
+
+def test_a_long_name_widens_the_plain_columns_of_the_whole_run(results):
+    long_name = "a-scenario-name-much-longer-than-the-thirty-four-columns-of-the-line"
+    renamed = dataclasses.replace(results[0], scenario=results[0].scenario.with_overrides(name=long_name))
+    run = [results[0], renamed, results[1]]
+    out = io.StringIO()
+    drive(RunConsole(out), run)
+    lines = out.getvalue().splitlines()[1:4]
+    assert long_name in lines[1]  # never cut
+    columns = {line.index(" expected ") for line in lines}
+    assert len(columns) == 1 and columns.pop() == len("ok   ") + len(long_name)
+    assert len({line.index(" replays/s") for line in lines}) == 1
+
+
+def test_a_run_of_short_names_keeps_the_default_width(results):
+    out = io.StringIO()
+    drive(RunConsole(out), results[:2])
+    first = out.getvalue().splitlines()[1]
+    assert first.index(" expected ") == len("ok   ") + NAME_WIDTH

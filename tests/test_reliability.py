@@ -86,7 +86,9 @@ def one_stderr_line(err: str) -> str:
 # interpreter per file would import torch every time (about a second apiece).
 DRIVER = r"""
 import json, os, runpy, sys, traceback
-import harness.frontends.cli  # noqa: F401 - imported once, before the forks
+# Imported once, before the forks: the command line itself imports no torch (its parser must be
+# fast), so the modules a run needs are loaded here for every child to share.
+import harness.devices.sim, harness.frontends.cli, harness.run.pipeline  # noqa: F401, E401
 
 def run(argv, log):
     pid = os.fork()
@@ -318,7 +320,9 @@ def test_an_interrupt_before_anything_finished_leaves_the_old_report(tmp_path):
     out.mkdir()
     (out / "results.json").write_text(OLD_REPORT)
     proc, lines = start(path, out)
-    wait_for_line(proc, lines, "")  # any first line: the run has started
+    # The run's start line, which the scenario loop prints with the interrupt handlers in place:
+    # a signal from then on is the loop's to handle (session.run_scenarios), never start-up's.
+    wait_for_line(proc, lines, "device: sim  scenarios: 2")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 143
     assert "no scenario finished" in one_stderr_line(proc.stderr.read())

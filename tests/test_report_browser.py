@@ -1,8 +1,11 @@
-"""report.html in a real browser: it loads with no console message and every plot decodes.
+"""report.html in a real browser: it loads with no console message, every plot decodes, its
+tables fit a 1,400 px window and a long report's index finds every timeline.
 
 Headless Chromium dumps the DOM after the page's load event, when the page's own script has
-written the count of decoded images into <body data-images-shown>. Console messages (script
-errors, Content-Security-Policy violations) go to Chromium's log on stderr as CONSOLE lines.
+written onto <body> the count of decoded images (data-images-shown), of table boxes that had to
+scroll sideways (data-wide-overflow) and of index links whose target is on the page
+(data-index-targets of data-index-links). Console messages (script errors,
+Content-Security-Policy violations) go to Chromium's log on stderr as CONSOLE lines.
 
 Skipped where Chromium is missing, unless FENCE_HARNESS_BROWSER_TEST=required (CI sets it
 after installing Chromium, so a broken install fails instead of skipping).
@@ -24,6 +27,8 @@ from harness.report.schema import load
 
 ROOT = Path(__file__).resolve().parent.parent
 FULL = ROOT / "tests" / "data" / "report" / "results-full.json"
+LONG = ROOT / "reports" / "samples" / "gpu-test-h200x2" / "results.json"  # 36 scenarios, long names
+WINDOW = (1400, 1000)
 BROWSER = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 
 if BROWSER is None and os.environ.get("FENCE_HARNESS_BROWSER_TEST") != "required":
@@ -34,6 +39,9 @@ if BROWSER is None and os.environ.get("FENCE_HARNESS_BROWSER_TEST") != "required
 class Loaded:
     shown: int | None
     total: int | None
+    overflowing: int | None  # table boxes wider than the page left them
+    index_links: int | None
+    index_targets: int | None
     console: list[str]
 
 
@@ -42,7 +50,7 @@ def open_page(path: Path, profile: Path) -> Loaded:
     proc = subprocess.run(
         [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
          f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
-         "--dump-dom", path.resolve().as_uri()],
+         "--window-size={},{}".format(*WINDOW), "--dump-dom", path.resolve().as_uri()],
         capture_output=True, text=True, timeout=90,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -54,7 +62,8 @@ def open_page(path: Path, profile: Path) -> Loaded:
         return int(m.group(1)) if m else None
 
     console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
-    return Loaded(attribute("data-images-shown"), attribute("data-images-total"), console)
+    return Loaded(attribute("data-images-shown"), attribute("data-images-total"), attribute("data-wide-overflow"),
+                  attribute("data-index-links"), attribute("data-index-targets"), console)
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +78,33 @@ def test_the_report_loads_cleanly_and_shows_every_image(page, tmp_path):
     plots = 3 + sum(1 for s in doc["scenarios"] if s.get("timeline"))
     assert loaded.total == plots
     assert loaded.shown == plots
+    assert loaded.overflowing == 0
+    assert loaded.index_links == 0  # three timelines: no index
+
+
+@pytest.fixture(scope="module")
+def long_page(tmp_path_factory) -> Path:
+    """The two-GPU sample (36 scenarios and timelines), one scenario failed with a long error."""
+    doc = load(LONG)
+    doc["scenarios"][5].update(met=False, observed=None, error="replay 17 timed out waiting on "
+                               + "/very/long/path/without/any/space/" * 8 + " and then " + "x" * 120)
+    return write_html(doc, tmp_path_factory.mktemp("long") / "report.html")
+
+
+def test_the_scenario_table_fits_1400px_and_the_index_finds_every_timeline(long_page, tmp_path):
+    loaded = open_page(long_page, tmp_path / "profile")
+    assert loaded.console == []
+    assert loaded.overflowing == 0
+    assert loaded.index_links == 36 and loaded.index_targets == 36
+    assert loaded.shown == loaded.total
+
+
+def test_the_check_sees_a_table_that_does_not_fit(long_page, tmp_path):
+    # The same page with its cells kept on one line, as before the table was made to wrap.
+    text = long_page.read_text().replace("</style>", "td, th { white-space: nowrap !important; }</style>")
+    bad = tmp_path / "nowrap.html"
+    bad.write_text(text)
+    assert open_page(bad, tmp_path / "profile").overflowing >= 1
 
 
 def test_the_check_sees_a_broken_image_and_a_console_error(page, tmp_path):

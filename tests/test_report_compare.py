@@ -1,14 +1,22 @@
-"""compare(new, baseline) on crafted pairs: each kind of regression, and none."""
+"""compare(new, baseline) on crafted pairs: each kind of regression, and none; findings matched by
+meaning; costs only on one device; a fresh simulator run against the GPU's verdicts."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
+import time
 from pathlib import Path
 
 import pytest
 
+from harness.frontends.cli import main
+from harness.records.analysis import Finding, RaceKind
 from harness.records.errors import InputError
-from harness.report.compare import compare
+from harness.records.trace import Region
+from harness.report.compare import compare, record_key, sentence_key
+from harness.report.results import finding_record
 from harness.report.schema import load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,3 +173,178 @@ def test_a_wrong_baseline_is_an_input_error(change):
     with pytest.raises(InputError) as e:
         compare(BASE, base)
     assert e.value.exit_code == 2 and str(e.value).startswith("baseline: ")
+
+
+# ---------------------------------------------------------------- findings by meaning
+
+K0 = Region("k", 0, 16, 272)
+CONV1 = Region("conv", 1, 1, 3)
+
+
+def finding(kind: RaceKind, region: Region = K0, *, copy: str = "load", access: str = "forward",
+            what: str = "L0 attention", first: bool = False) -> Finding:
+    return Finding(kind=kind, copy_stream=copy, copy_region=region, access_stream=access,
+                   access_region=region, what=what, in_replay=True, access_first=first)
+
+
+EVERY_SHAPE = [  # each kind the analyser reports, in each order it reports it, with and without a kernel name
+    finding(RaceKind.READ_AFTER_WRITE),
+    finding(RaceKind.WRITE_AFTER_WRITE, CONV1, what="L1 mamba"),
+    finding(RaceKind.WRITE_AFTER_WRITE, CONV1, what="poison", first=True),
+    finding(RaceKind.WRITE_AFTER_READ, first=True),
+    finding(RaceKind.READ_AFTER_WRITE, what=""),
+    finding(RaceKind.WRITE_AFTER_READ, CONV1, what="", first=True, copy="side stream", access="stream7"),
+]
+
+
+@pytest.mark.parametrize("f", EVERY_SHAPE, ids=lambda f: f"{f.kind.value}-{f.access_first}-{f.what or 'none'}")
+def test_a_sentence_means_what_its_record_says(f):
+    assert sentence_key(f.describe()) == record_key(finding_record(f))
+
+
+def with_findings(findings: list[Finding], *, records: bool = True, name: str = RACY) -> dict:
+    """The baseline with one scenario's findings replaced (as a run of this build writes them)."""
+    doc = copy.deepcopy(BASE)
+    entry = scenario(doc, name)
+    entry["findings"] = [f.describe() for f in findings]
+    if records:
+        entry["finding_records"] = [finding_record(f) for f in findings]
+    return doc
+
+
+def relabelled(findings: list[Finding]) -> list[Finding]:
+    """The same findings from a build that calls the load stream "h2d" and the forward one "main"."""
+    names = {"load": "h2d", "forward": "main"}
+    return [dataclasses.replace(f, copy_stream=names.get(f.copy_stream, f.copy_stream),
+                                access_stream=names.get(f.access_stream, f.access_stream)) for f in findings]
+
+
+@pytest.mark.parametrize("new_records,base_records", [(True, True), (True, False), (False, False)],
+                         ids=["records", "records-on-one-side", "sentences"])
+def test_findings_that_differ_only_in_stream_labels_are_the_same(new_records, base_records):
+    now = with_findings(relabelled(EVERY_SHAPE), records=new_records)
+    before = with_findings(EVERY_SHAPE, records=base_records)
+    assert scenario(now, RACY)["findings"] != scenario(before, RACY)["findings"]  # the text differs
+    c = compare(now, before)
+    assert c.new_findings == {} and c.lost_findings == {}
+    assert c.lines() == ["no regression"]
+
+
+@pytest.mark.parametrize("records", [True, False], ids=["records", "sentences"])
+def test_a_real_new_finding_is_listed_whatever_the_labels(records):
+    extra = finding(RaceKind.READ_AFTER_WRITE, Region("v", 2, 304, 432), what="L2 attention")
+    now = with_findings(relabelled([*EVERY_SHAPE, extra]), records=records)
+    c = compare(now, with_findings(EVERY_SHAPE, records=records))
+    (text,) = c.new_findings[RACY]
+    assert text == relabelled([extra])[0].describe()  # shown as the new run wrote it
+    assert c.lost_findings == {} and not c.regression
+
+
+def test_a_finding_on_another_kernel_is_new_and_the_old_one_lost():
+    now = with_findings([finding(RaceKind.READ_AFTER_WRITE, what="L0 final state")])
+    c = compare(now, with_findings([finding(RaceKind.READ_AFTER_WRITE)]))
+    assert list(c.new_findings) == list(c.lost_findings) == [RACY]
+
+
+def test_an_older_builds_wording_and_labels_match_this_builds_sentences():
+    # results-full.json holds findings in an earlier wording (and one scenario whose streams were
+    # labelled "capture"); the GPU verdicts hold this build's sentences for the same scenarios.
+    gpu = load(ROOT / "tests" / "data" / "gpu_verdicts.json")
+    shared = {s["name"] for s in gpu["scenarios"]} & {s["name"] for s in BASE["scenarios"]}
+    assert "hybrid-eager-nowaits" in shared
+    assert scenario(BASE, "hybrid-eager-nowaits")["findings"] != scenario(gpu, "hybrid-eager-nowaits")["findings"]
+    c = compare(gpu, BASE)
+    assert c.new_findings == {} and c.lost_findings == {}
+
+
+def test_a_sentence_of_no_known_wording_stands_for_itself():
+    assert sentence_key("something the analyser never wrote") is None
+    now = edited(**{RACY: dict(findings=["an odd sentence"])})
+    c = compare(now, edited(**{RACY: dict(findings=["an odd sentence"])}))
+    assert c.new_findings == {} and c.lost_findings == {}
+
+
+# ---------------------------------------------------------------- evidence and devices
+
+
+def test_a_race_that_lost_its_data_evidence_is_listed():
+    base = edited(**{RACY: dict(evidence=["data", "analysis"])})
+    new = edited(**{RACY: dict(evidence=["analysis"], stale_replays=0, stale_rate=0.0)})
+    c = compare(new, base)
+    assert c.changed_evidence == [f"{RACY}: race (data, analysis) -> race (analysis) (lost its data evidence)"]
+    assert "changed evidence (1):" in c.lines()
+    assert not c.regression  # the expectation is still met; a demanded evidence would make it unmet
+
+
+def test_evidence_is_compared_only_where_both_files_have_it():
+    c = compare(edited(**{RACY: dict(evidence=["analysis"])}), BASE)  # the baseline predates evidence
+    assert c.changed_evidence == [] and c.lines() == ["no regression"]
+
+
+def test_costs_are_not_compared_across_devices():
+    new = copy.deepcopy(BASE)
+    new["environment"]["device"] = "sim"
+    for s in new["scenarios"]:
+        s["timings"]["replays_per_s"] /= 10
+    for p in new["bench"]["points"]:
+        p["median_ms"] *= 10
+    c = compare(new, BASE)
+    assert c.cost_regressions == [] and not c.regression
+    notes = [line for line in c.lines() if line.startswith("note:")]
+    assert notes == ["note: costs not compared (replays/s, bench medians): the new run ran on sim and the "
+                     "baseline on cuda, and one device's speed says nothing about the other's"]
+    assert c.lines()[-1] == "no regression"
+
+
+def test_costs_on_one_device_are_still_compared():
+    new = edited(**{RACY: dict(timings={"replays_per_s": 1.0})})
+    c = compare(new, BASE)
+    assert [cost.what for cost in c.cost_regressions] == [RACY] and c.notes == []
+
+
+# ---------------------------------------------------------------- a simulator run against the GPU's
+
+
+GPU_VERDICTS = ROOT / "tests" / "data" / "gpu_verdicts.json"
+SIM_SCENARIOS = ("hybrid-full-none", "hybrid-full-final_event", "mamba-eager-nowaits")
+
+
+@pytest.fixture(scope="module")
+def sim_results(tmp_path_factory) -> Path:
+    """results.json of a fresh simulator run of a few default scenarios, as `run` writes it."""
+    from harness.devices.sim import SimDevice
+    from harness.report.results import build_results, write_results
+    from harness.run.pipeline import run_scenario
+    from harness.run.scenario_file import SCENARIO_DIR, load_files
+
+    dev = SimDevice()
+    scenarios = [s for s in load_files([SCENARIO_DIR / "default.toml"]) if s.name in SIM_SCENARIOS]
+    started = time.time()
+    results = [run_scenario(s, dev, replays=3) for s in scenarios]
+    doc = build_results(results, dev.describe(), started, time.time())
+    return write_results(tmp_path_factory.mktemp("sim"), doc)
+
+
+@pytest.mark.parametrize("restricted", [False, True], ids=["every-gpu-scenario", "the-same-scenarios"])
+def test_a_simulator_run_against_gpu_verdicts_agrees(sim_results, restricted, tmp_path, capsys):
+    baseline = GPU_VERDICTS
+    if restricted:
+        gpu = json.loads(GPU_VERDICTS.read_text())
+        gpu["scenarios"] = [s for s in gpu["scenarios"] if s["name"] in SIM_SCENARIOS]
+        baseline = tmp_path / "gpu.json"
+        baseline.write_text(json.dumps(gpu))
+    assert main(["compare", str(sim_results), str(baseline)]) == 0
+    out = capsys.readouterr().out
+    for section in ("new races", "unmet now", "cost regressions", "fixed races", "changed evidence",
+                    "new findings", "lost findings", "only in the new run"):
+        assert section not in out, out
+    assert ("only in the baseline (51):" in out) is not restricted
+    assert "note: costs not compared" in out and out.rstrip().endswith("no regression")
+
+
+def test_the_simulator_run_records_its_findings_by_meaning(sim_results):
+    doc = load(sim_results)
+    racy = scenario(doc, "hybrid-full-none")
+    assert racy["finding_records"] and len(racy["finding_records"]) == len(racy["findings"])
+    assert [record_key(r) for r in racy["finding_records"]] == [sentence_key(t) for t in racy["findings"]]
+    assert {r["streams"]["copy"] for r in racy["finding_records"]} == {"load"}

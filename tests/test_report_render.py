@@ -13,10 +13,10 @@ import pytest
 
 import harness.report
 import harness.report.results
-from harness.report.html import render_html, write_html
+from harness.report.html import INDEX_FROM, layer_ranges, render_html, write_html
 from harness.report.schema import load
-from harness.report.summary import render_summary, write_summary
-from harness.report.timeline import chrome_trace, stale_marks, write_chrome_trace
+from harness.report.summary import headline, render_summary, write_summary
+from harness.report.timeline import chrome_trace, stale_marks, stream_order, write_chrome_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = load(ROOT / "tests" / "data" / "report" / "results-h200-core.json")
@@ -228,3 +228,180 @@ def test_the_committed_gpu_samples_validate_and_render():
     for name in ("default-h200", "mutants-h200", "bench-h200", "gpu-test-h200x2"):
         doc = load(ROOT / "reports" / "samples" / name / "results.json")  # load validates
         assert _images(render_html(doc)), name
+
+
+# ---- a partial run ------------------------------------------------------------------------
+
+
+def _partial(why: str = "SIGTERM") -> dict:
+    """The sample as if stopped after its first three scenarios."""
+    doc = json.loads(json.dumps(SAMPLE))
+    names = [s["name"] for s in doc["scenarios"]]
+    doc["scenarios"] = doc["scenarios"][:3]
+    doc["summary"] = {"scenarios": 3, "met": 3, "errors": 0}
+    doc.update(partial=True, interrupted=why, not_run=names[3:])
+    return doc
+
+
+@pytest.mark.parametrize(("why", "words"), [("SIGINT", "interrupted (SIGINT)"), ("SIGTERM", "terminated (SIGTERM)"),
+                                            ("device-lost", "stopped: the device was lost")])
+def test_a_partial_run_says_so_why_and_what_did_not_run(why, words):
+    doc = _partial(why)
+    assert headline(doc).endswith(f" · PARTIAL run, {words} · 3/3 met · 9 not run")
+    text = render_summary(doc)
+    assert text.splitlines()[0] == f"**fence-harness** · {headline(doc)}"
+    assert f"**Partial run, {words} after 3 of 12 scenarios; 9 did not run.**" in text
+    assert "Not run: `attention-eager-nowaits`, `mamba-full-none`, `mamba-full-final_event`," in text
+    page = render_html(doc)
+    assert html.escape(headline(doc)) in page and 'class="partial"' in page
+    assert all(f"<code>{n}</code>" in page for n in doc["not_run"])
+
+
+def test_a_finished_run_has_no_partial_note():
+    assert "PARTIAL" not in render_summary(SAMPLE) and 'class="partial"' not in render_html(SAMPLE)
+
+
+def test_a_stopped_soak_has_no_scenario_count_and_no_list():
+    # A soak draws scenarios until stopped: nothing is left over, and its file keeps only failures.
+    doc = json.loads(json.dumps(SAMPLE))
+    doc.update(scenarios=[], summary={"scenarios": 0, "met": 0, "errors": 0}, partial=True, interrupted="SIGINT",
+               soak={"scenarios": 780, "twins": 195, "false_positives": 0, "missed_races": {"total": 2, "jitter": 2}})
+    assert headline(doc).endswith(" · PARTIAL run, interrupted (SIGINT) · soak of 780 scenarios + 195 twins: "
+                                  "0 false positives, 2 missed races")
+    text = render_summary(doc)
+    assert "**Partial run, interrupted (SIGINT); this file holds what finished before it stopped.**" in text
+
+
+# ---- the benchmark and the strategy check -------------------------------------------------
+
+
+BENCH = load(ROOT / "reports" / "samples" / "bench-h200" / "results.json")
+
+
+def _strategies(doc: dict) -> dict:
+    doc = json.loads(json.dumps(doc))
+    cells = [{"scenario": s, "strategy": st, "stale_replays": 2 if st == "none" else 0, "replays": 2,
+              "findings": 16 if st == "none" else 0, "error": None, "ok": True}
+             for s in ("attention-full-none", "mutant.no_fence") for st in ("none", "final_event", "host_sync")]
+    cells[4].update(stale_replays=1, ok=False)  # mutant.no_fence@final_event went stale
+    cells[5].update(error="device lost | mid-replay", ok=False)
+    doc["strategies"] = {"cells": cells}
+    return doc
+
+
+def test_a_benchmark_summary_carries_its_numbers():
+    text = render_summary(BENCH)
+    lines = text.splitlines()
+    assert "0/0 met" not in lines[0] and lines[0].endswith("· fence cost of 14 points × 5 arms")
+    assert ("| model | layers | prefix | load ms | compute ms | none (unfenced: wrong) | final_event "
+            "| layerwise_graph | host_sync | eager_fallback |") in lines
+    # Median (p10–p90) and the ratio to the bound, per arm; the sweep's shared point once.
+    assert ("| attention | 8 | 512 | 0.44 | 1.10 | 1.45 (1.38–1.64) ×1.32 | 1.50 (1.48–1.64) ×1.36 "
+            "| 1.54 (1.46–1.76) ×1.41 | 1.52 (1.49–1.65) ×1.38 | 4.37 (3.39–5.86) ×3.98 |") in lines
+    assert sum(line.startswith("| attention | 8 | 2048 |") for line in lines) == 1
+    assert len([line for line in lines if line.startswith(("| attention", "| hybrid"))]) == 14
+    assert "| scenario |" not in text
+
+
+def test_a_document_with_nothing_in_it_says_so():
+    doc = json.loads(json.dumps(BENCH))
+    doc["bench"] = None
+    assert headline(doc).endswith("· no scenarios") and "0/0" not in headline(doc)
+
+
+def test_the_benchmark_page_has_its_table_right_after_the_plot():
+    page = render_html(BENCH)
+    section = page[page.index("<h2>Fence cost</h2>"):]
+    assert section.index("<img") < section.index('<table class="bench">')
+    assert section.count("<tr") == 1 + 14
+    assert "1.45 (1.38–1.64)<br><small>×1.32</small>" in section
+    assert "<h2>Scenarios</h2>" not in page
+
+
+def test_the_strategy_check_is_a_table_in_both():
+    doc = _strategies(SAMPLE)
+    text = render_summary(doc)
+    assert headline(doc).endswith("· strategy check 4/6 cells as expected")
+    assert "| scenario | none (unfenced: wrong) | final_event | host_sync |" in text
+    assert ("| attention-full-none | 2/2 stale, 16 findings, ok | 0/2 stale, 0 findings, ok "
+            "| 0/2 stale, 0 findings, ok |") in text
+    assert ("| mutant.no_fence ❌ | 2/2 stale, 16 findings, ok | 1/2 stale, 0 findings, NOT OK "
+            "| error: device lost \\| mid-replay, NOT OK |") in text
+    page = render_html(doc)
+    table = page[page.index('<table class="strategies">'):]
+    table = table[:table.index("</table>")]
+    assert table.count("<tr") == 3 and table.count('<tr class="fail">') == 1
+    assert "1/2 stale, 0 findings, NOT OK" in table
+
+
+# ---- the scenario table and the index -----------------------------------------------------
+
+
+def _many_timelines(n: int) -> dict:
+    """The richer fixture with n scenarios, each with a timeline."""
+    doc = json.loads(json.dumps(FULL))
+    timeline = next(s["timeline"] for s in doc["scenarios"] if s.get("timeline"))
+    base = doc["scenarios"][0]
+    doc["scenarios"] = [{**base, "name": f"scenario-{i}.long_name@final_event", "timeline": timeline, "sweep": []}
+                        for i in range(n)]
+    doc["scenarios"][3]["met"] = False
+    doc["summary"] = {"scenarios": n, "met": n - 1, "errors": 0}
+    return doc
+
+
+def test_the_scenario_table_links_to_timelines_and_lets_names_wrap(full_page):
+    table = full_page[full_page.index('<table class="scenarios">'):]
+    table = table[:table.index("</table>")]
+    header = re.findall(r"<th>([^<]*)</th>", table)
+    assert header == ["scenario", "variant (hazard)", "fault", "expected", "observed", "stale rate", "stale layers",
+                      "findings", "replays/s"]
+    # A scenario with a timeline links to it; one without is plain text.
+    assert '<a href="#timeline-attention-full-none">attention-full-none</a>' in table
+    assert '<h3 id="timeline-attention-full-none">' in full_page
+    assert ">attention-breakable-none<" in table and 'href="#timeline-attention-breakable-none"' not in table
+    assert "full+none (raw)" in table and "delay (torch.cuda._sleep)" in table.replace("<wbr>", "")
+    assert '<td class="wrap">race</td>' in table  # free text may wrap anywhere (the browser test measures it)
+
+
+def test_names_break_after_separators_and_numbers_stay_whole():
+    doc = json.loads(json.dumps(SAMPLE))
+    doc["scenarios"][0].update(name="mutant.fence_on_layer0_event", error="replay timed out after 1.5 s")
+    page = render_html(doc)
+    assert "<td>mutant.<wbr>fence_<wbr>on_<wbr>layer0_<wbr>event</td>" in page
+    assert '<td class="wrap">error: replay timed out after 1.5 s</td>' in page
+
+
+def test_layer_lists_are_runs():
+    assert layer_ranges({"0": 5, "1": 5, "2": 5, "3": 5, "7": 1, "9": 2, "10": 2}) == "0–3, 7, 9–10"
+    assert layer_ranges({}) == "-"
+    assert layer_ranges({"10": 1, "2": 1}) == "2, 10"
+
+
+def test_a_long_report_opens_with_an_index_of_its_timelines():
+    page = render_html(_many_timelines(INDEX_FROM + 1))
+    nav = page[page.index('<nav class="index">'):page.index("</nav>")]
+    targets = re.findall(r'href="#([^"]+)"', nav)
+    assert len(targets) == INDEX_FROM + 1
+    assert all(f'<h3 id="{t}">' in page for t in targets)
+    assert nav.count('class="fail"') == 1  # the unmet scenario stands out
+    assert page.index("</nav>") < page.index("<h2>Environment</h2>")
+
+
+def test_a_short_report_has_no_index(full_page):
+    assert "<nav" not in full_page
+    assert "<nav" not in render_html(_many_timelines(INDEX_FROM))
+
+
+# ---- timelines: stream order and the fault in the trace -----------------------------------
+
+
+def test_streams_keep_one_order_forward_load_then_the_rest():
+    spans = [{"stream": s, "name": "x", "kind": "copy", "start_us": 0, "end_us": 1}
+             for s in ("capture", "load", "host", "forward", "load")]
+    assert stream_order(spans) == ["forward", "load", "capture", "host"]
+    trace = chrome_trace({"clock": "virtual", "stale_layers": [], "spans": spans, "fault": "delay 5us each"})
+    names = {e["args"]["name"]: e["tid"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert sorted(names, key=names.get) == ["forward", "load", "capture", "host"]
+    sort = {e["tid"]: e["args"]["sort_index"] for e in trace["traceEvents"] if e["name"] == "thread_sort_index"}
+    assert [sort[names[s]] for s in ("forward", "load", "capture", "host")] == [1, 2, 3, 4]
+    assert trace["otherData"]["fault"] == "delay 5us each"

@@ -136,3 +136,54 @@ def test_unknown_keys_are_allowed_for_newer_writers():
     doc["scenarios"][0]["something_new"] = {"x": 1}
     doc["extra"] = []
     validate(doc)
+
+
+def _with_records(doc: dict) -> dict:
+    """The fixture with finding_records on its first scenario, one per finding (its older
+    writer had none: the key is optional)."""
+    doc = copy.deepcopy(doc)
+    entry = doc["scenarios"][0]
+    record = {"kind": "read-after-write", "copy_region": {"pool": "k", "layer": 0, "start": 16, "stop": 272},
+              "access_region": {"pool": "k", "layer": 0, "start": 16, "stop": 272}, "what": "L0 attention",
+              "in_replay": True, "access_first": False, "streams": {"copy": "load", "access": "forward"}}
+    entry["finding_records"] = [copy.deepcopy(record) for _ in entry["findings"]]
+    return doc
+
+
+def test_finding_records_are_optional_and_checked_when_present():
+    doc = load(FULL)
+    assert all("finding_records" not in s for s in doc["scenarios"])
+    validate(doc)
+    validate(_with_records(doc))
+
+
+@pytest.mark.parametrize("what,change,key", [
+    ("unknown kind", _set(["scenarios", 0, "finding_records", 2, "kind"], "read-after-read"),
+     "scenarios[0].finding_records[2].kind"),
+    ("region without its layer", _set(["scenarios", 0, "finding_records", 0, "copy_region", "layer"], KeyError),
+     "scenarios[0].finding_records[0].copy_region.layer"),
+    ("streams by label, not role", _set(["scenarios", 0, "finding_records", 1, "streams"], ["load", "forward"]),
+     "scenarios[0].finding_records[1].streams"),
+    ("a record too few", lambda d: d["scenarios"][0]["finding_records"].pop(), "scenarios[0].finding_records"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_a_wrong_finding_record_names_its_key(what, change, key, tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(_mutate(_with_records(load(FULL)), change)))
+    with pytest.raises(ReportInputError) as e:
+        load(path)
+    assert str(e.value).startswith(f"{path}: {key}: "), str(e.value)
+
+
+def test_what_this_build_writes_carries_one_record_per_finding():
+    from harness.devices.sim import SimDevice
+    from harness.report.results import build_results
+    from harness.run.pipeline import run_scenario
+    from harness.run.scenario_file import parse_text
+
+    racy = next(s for s in parse_text(TINY, "tiny.toml") if s.fence == "none")
+    r = run_scenario(racy, SimDevice(), replays=1)
+    (entry,) = build_results([r], SimDevice().describe(), time.time(), time.time())["scenarios"]
+    assert len(entry["finding_records"]) == len(entry["findings"]) == len(r.findings) > 0
+    first = entry["finding_records"][0]
+    assert first["streams"] == {"copy": r.findings[0].copy_stream, "access": r.findings[0].access_stream}
+    assert first["kind"] == r.findings[0].kind.value and first["what"] == r.findings[0].what

@@ -283,3 +283,32 @@ def test_validator_tables_cover_the_records():
     assert set(_MODEL_FIELDS) == {f.name for f in dataclasses.fields(ModelShape)}
     scenario_fields = {f.name for f in dataclasses.fields(Scenario)} - {"source"}
     assert set(_SCENARIO_FIELDS) == scenario_fields
+
+
+def test_a_directory_is_one_line_that_suggests_its_toml_files(tmp_path):
+    err = _error(tmp_path)
+    _assert_one_line(err)
+    assert err.source == str(tmp_path)
+    assert err.message == f"is a directory, not a scenario file; give its files: {tmp_path / '*.toml'}"
+
+
+HUGE_PREFIX = GOOD.replace("kv_slots = 64", "kv_slots = 0").replace(
+    "batch = [{ prefix = 20, new = 4 }, { prefix = 8, new = 1 }]",
+    "batch = [{ prefix = 20, new = 4 }, { prefix = 900000000, new = 1 }]")
+
+
+def test_a_batch_too_large_for_the_device_is_the_batchs_error():
+    with pytest.raises(InputError) as info:
+        parse_text(HUGE_PREFIX, "huge.toml")
+    err = info.value
+    _assert_one_line(err)
+    assert err.key == "scenario[0].batch"
+    assert "exceeds the 64.0 GiB limit" in err.message and "shrink the batch" in err.message
+
+
+def test_a_pool_the_model_sizes_itself_is_the_models_error():
+    # The same pool, sized by the model's own kv_slots: the batch is not what to change.
+    text = GOOD.replace("kv_slots = 64", "kv_slots = 900000064")
+    with pytest.raises(InputError) as info:
+        parse_text(text, "huge.toml")
+    assert info.value.key == "scenario[0].model" and "shrink the model" in info.value.message

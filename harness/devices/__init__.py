@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from harness.devices.base import Device, Event, Graph, Stream, dtype_of
+from harness.records.device_settings import DEVICE_NAMES, SimCosts
 from harness.records.errors import InputError
-
-DEVICE_NAMES = ("auto", "cuda", "sim")
 
 
 def device_kind(name: str) -> str:
@@ -30,7 +29,7 @@ def open_device(name: str, sim_costs: Sequence[str] = ()) -> Device:
         from harness.devices.cuda import CudaDevice
 
         return CudaDevice()
-    from harness.devices.sim import SimCosts, SimDevice
+    from harness.devices.sim import SimDevice
 
     return SimDevice(SimCosts.from_settings(sim_costs))
 

@@ -1,10 +1,9 @@
 """fence-harness: run scenario files, reproduce one scenario, or run the mutant kill matrix.
 
-Exit codes: 0 every scenario met its expectation; 1 one did not (or errored),
-or a mutant survived / a correct variant was flagged; 2 bad input, no usable
-device, or a device lost mid-run (one line on stderr, no traceback); 130 / 143
-interrupted by SIGINT / SIGTERM (the scenarios finished so far are written as a
-partial results.json).
+The command table, `main`, and the run / repro / mutants commands. The parser is built
+from torch-free modules only (`--help` and a usage error answer at once); each command
+imports the device and the pipeline when it runs. An interrupt at any point of `main`,
+start-up included, is one line and exit 130 / 143 (see EXIT_CODES).
 """
 
 from __future__ import annotations
@@ -15,13 +14,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from harness.devices import open_device
-from harness.devices.base import Device
-from harness.engines import ENGINES, load_engine
+from harness.engines import ENGINES
 from harness.frontends import soak
-from harness.frontends.cli_args import device_arguments, positive_int
-from harness.frontends.console import RunConsole, plain_line
+from harness.frontends.cli_args import device_arguments, out_argument, positive_int
 from harness.frontends.fence_commands import HANDLERS as FENCE_HANDLERS
 from harness.frontends.fence_commands import add_commands as add_fence_commands
 from harness.frontends.session import (
@@ -30,20 +27,46 @@ from harness.frontends.session import (
     run_scenarios,
     signals_interrupt,
     write_partial,
+    write_report,
 )
 from harness.records.errors import HarnessError, InputError
 from harness.records.scenario import Scenario
-from harness.records.trace import describe
 from harness.report.cli import HANDLERS as REPORT_HANDLERS
 from harness.report.cli import add_commands as add_report_commands
-from harness.run.oracle import ReplayVerdict
-from harness.run.pipeline import ScenarioResult, run_scenario
 from harness.run.plugins import Kind, resolve
+
+if TYPE_CHECKING:
+    from harness.devices.base import Device
+    from harness.frontends.console import RunConsole
+    from harness.run.oracle import ReplayVerdict
+    from harness.run.pipeline import ScenarioResult
+
+DESCRIPTION = """\
+A race harness for CUDA-graph prefill against an async KV / Mamba load-back, on a GPU
+or on the CPU simulator: scenario runs, the mutant kill matrix, fence checks and
+costs, a false-positive soak, reports and their comparison."""
+EXIT_CODES = """\
+exit codes:
+  0    every scenario met its expectation; compare: no regression; bench, report: done
+  1    a scenario did not, or ended in an error (a replay past its timeout, out of
+       memory): the run goes on with the next one; a mutant survived or a correct
+       variant was flagged; a soak's false positive; compare: a regression
+  2    bad input (one line naming the file, the key and what is valid), a usage
+       error, no command; no usable device (--device cuda without CUDA), or a
+       device lost mid-run (the finished scenarios kept as a partial results.json)
+  130  interrupted by SIGINT (Ctrl-C)
+  143  interrupted by SIGTERM
+       (an interrupt keeps the finished scenarios as a partial results.json; with none
+       finished, the previous results.json stays as it was)
+
+With no command, this help goes to stderr and the exit code is 2, as for any usage
+error. `fence-harness COMMAND --help` shows a command's options and their defaults."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fence-harness", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(prog="fence-harness", description=DESCRIPTION,
+                                epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
     def common(sp: argparse.ArgumentParser) -> None:
         device_arguments(sp)
@@ -54,14 +77,9 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--engine", choices=ENGINES,
                         help="run on an installed engine's own load-back counter (fences engine / engine_reverted)")
 
-    mutants = sub.add_parser("mutants", help="run the mutant kill matrix (default: scenarios/mutants/*.toml)")
-    mutants.add_argument("files", nargs="*", type=Path, help="kill-matrix scenario files")
-    mutants.add_argument("--out", type=Path, default=Path("reports"), help="where results.json goes")
-    common(mutants)
-
     run = sub.add_parser("run", help="run scenario files (default: scenarios/*.toml)")
     run.add_argument("files", nargs="*", type=Path, help="scenario TOML files")
-    run.add_argument("--out", type=Path, default=Path("reports"), help="where results.json goes")
+    out_argument(run)
     common(run)
 
     repro = sub.add_parser("repro", help="run one scenario verbosely, replay by replay")
@@ -70,6 +88,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="scenario file(s) to look in (default: scenarios/*.toml)")
     repro.add_argument("--seed", type=int, help="override the scenario's seed")
     common(repro)
+
+    mutants = sub.add_parser("mutants", help="run the mutant kill matrix (default: scenarios/mutants/*.toml)")
+    mutants.add_argument("files", nargs="*", type=Path, help="kill-matrix scenario files")
+    out_argument(mutants)
+    common(mutants)
     add_report_commands(sub)
     add_fence_commands(sub)
     soak.add_command(sub)
@@ -78,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _load(files: list[Path], args: argparse.Namespace, default: list[Path] | None = None) -> list[Scenario]:
     """The scenarios of the files, with the command line's fence / accessor / schedule."""
+    from harness.engines import load_engine
     from harness.run.scenario_file import default_files, load_files
 
     scenarios = load_files(files or default or default_files())
@@ -116,6 +140,8 @@ class _Run:
 def _run_all(scenarios: list[Scenario], dev: Device, args: argparse.Namespace,
              status: Callable[[ScenarioResult], str] | None = None) -> _Run:
     """Run each scenario, one line each; `status(result)` overrides the ok / FAIL column."""
+    from harness.frontends.console import RunConsole
+
     run = _Run(scenarios, RunConsole())
 
     def done(r: ScenarioResult) -> None:
@@ -125,13 +151,14 @@ def _run_all(scenarios: list[Scenario], dev: Device, args: argparse.Namespace,
             run.console.note(r.fault_mode)
 
     run.stop = run_scenarios(scenarios, lambda: dev, args.replays, args.timeout, done,
-                             lambda: run.console.start(len(scenarios), dev.name))
+                             lambda: run.console.start(len(scenarios), dev.name, [s.name for s in scenarios]))
     if run.stop:
         run.console.stop()
     return run
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from harness.devices import open_device
     from harness.report.results import build_results, write_results
 
     scenarios = _load(args.files, args)
@@ -142,12 +169,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         return run.partial(device, args.out)
     doc = build_results(run.results, device, run.started, time.time())
     path = write_results(args.out, doc)
-    _write_report(doc, args.out)
+    write_report(doc, args.out)
     run.console.finish(run.results, path)
     return 0 if all(r.met for r in run.results) else 1
 
 
 def cmd_mutants(args: argparse.Namespace) -> int:
+    from harness.devices import open_device
     from harness.report.results import build_results, write_results
     from harness.run.mutants import Role, classify, matrix_ok, matrix_section
     from harness.run.scenario_file import SCENARIO_DIR
@@ -172,21 +200,10 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     clean = sum(r.ok for r in correct)
     doc = build_results(run.results, device, run.started, time.time(), section)
     path = write_results(args.out, doc)
-    _write_report(doc, args.out)
+    write_report(doc, args.out)
     print(f"{killed}/{len(mutants)} mutants killed, {clean}/{len(correct)} correct variants clean; "
           f"results: {path}")
     return 0 if matrix_ok(rows) else 1
-
-
-def _write_report(doc: dict, out: Path) -> None:
-    """summary.md and report.html next to results.json; a failure here never loses the results."""
-    from harness.report.cli import append_step_summary, write_all
-
-    try:
-        write_all(doc, out)
-        append_step_summary(out / "summary.md")
-    except Exception as e:  # noqa: BLE001 - results.json is written; the report is a view of it
-        print(f"fence-harness: warning: report not written: {e}", file=sys.stderr)
 
 
 def _describe_verdict(i: int, v: ReplayVerdict) -> str:
@@ -204,6 +221,11 @@ def _describe_verdict(i: int, v: ReplayVerdict) -> str:
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
+    from harness.devices import open_device
+    from harness.frontends.console import plain_line
+    from harness.records.trace import describe
+    from harness.run.pipeline import run_scenario
+
     scenarios = {s.name: s for s in _load(args.files, args)}
     if args.name not in scenarios:
         import difflib
@@ -230,17 +252,29 @@ def cmd_repro(args: argparse.Namespace) -> int:
     return 0 if r.met else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def _command(args: argparse.Namespace) -> int:
+    """The command's handler, under the interrupt handlers; a HarnessError as one line."""
+    handlers = {"run": cmd_run, "repro": cmd_repro, "mutants": cmd_mutants, "soak": soak.cmd_soak,
+                **REPORT_HANDLERS, **FENCE_HANDLERS}
     try:
-        handlers = {"run": cmd_run, "repro": cmd_repro, "mutants": cmd_mutants, "soak": soak.cmd_soak,
-                    **REPORT_HANDLERS, **FENCE_HANDLERS}
         with signals_interrupt():
             return handlers[args.command](args)
     except HarnessError as e:
         print(f"fence-harness: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt as e:  # outside a scenario loop: nothing partial to keep
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        parser = _parser()
+        if not argv:
+            parser.print_help(sys.stderr)
+            return 2
+        return _command(parser.parse_args(argv))
+    except KeyboardInterrupt as e:
+        # Outside a scenario loop (start-up, loading files, opening the device): nothing
+        # partial to keep. A loop's own interrupt ends in write_partial's line instead.
         sig = interrupt_signal(e)
         print(f"fence-harness: interrupted ({sig.name})", file=sys.stderr)
         return 128 + sig

@@ -1,10 +1,15 @@
-"""Command-line argument types and the device arguments every device-running command takes."""
+"""Command-line argument types and the device arguments every device-running command takes.
+
+Torch-free, as is everything the parser is built from: `--help` and a usage error
+answer at once, before any of the harness's heavy modules is imported.
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from harness.devices import DEVICE_NAMES
+from harness.records.device_settings import DEVICE_NAMES, SimCosts
 
 
 def positive_int(text: str) -> int:
@@ -27,11 +32,23 @@ def positive_float(text: str) -> float:
     return value
 
 
+def _sim_cost_help() -> str:
+    keys = ", ".join(f"{key} (default {getattr(SimCosts, key):g})" for key in SimCosts.keys())
+    return f"simulator cost model setting (repeatable), e.g. launch_us=5; keys: {keys}"
+
+
+def out_argument(sp: argparse.ArgumentParser, default: str = "reports",
+                 writes: str = "results.json, summary.md and report.html") -> None:
+    """--out, the folder a command writes its report files into."""
+    sp.add_argument("--out", type=Path, default=Path(default), metavar="DIR",
+                    help=f"where {writes} go (default: %(default)s)")
+
+
 def device_arguments(sp: argparse.ArgumentParser) -> None:
     """--device, --timeout and --sim-cost, the same on run, repro, mutants, fences, bench and soak."""
     sp.add_argument("--device", default="auto", choices=DEVICE_NAMES,
-                    help="cuda, sim (CPU simulator) or auto (cuda when present)")
+                    help="cuda, sim (CPU simulator) or auto (cuda when torch sees one) (default: %(default)s)")
     sp.add_argument("--timeout", type=positive_float, default=30.0,
-                    help="seconds a replay may take before it is an error (default 30)")
+                    help="seconds a replay may take before it is an error (default: %(default)g)")
     sp.add_argument("--sim-cost", dest="sim_costs", action="append", default=[], metavar="KEY=VALUE",
-                    help="simulator cost model setting, e.g. launch_us=5 (repeatable; see SimCosts)")
+                    help=_sim_cost_help())

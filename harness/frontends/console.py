@@ -6,7 +6,7 @@ is not installed (a GPU runner's own Python): plain lines with no colour codes
 and no bar, one per scenario, that grep and diff can read.
 
     console = RunConsole()
-    console.start(len(scenarios), dev.name)
+    console.start(len(scenarios), dev.name, [s.name for s in scenarios])
     for s in scenarios:
         console.scenario_done(run_scenario(s, dev))
     console.finish(results, path)
@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-from harness.run.pipeline import ScenarioResult
+if TYPE_CHECKING:
+    from harness.run.pipeline import ScenarioResult
+
+NAME_WIDTH = 34  # the plain line's scenario column; a run with a longer name widens it
 
 try:
     from rich import box
@@ -52,17 +55,31 @@ def _observed(r: ScenarioResult) -> str:
     return r.verdict.describe() if r.verdict else "-"
 
 
-def plain_line(r: ScenarioResult, status: str | None = None) -> str:
-    """One scenario as one fixed-width line; `status` replaces the ok / FAIL column."""
+def rate(replays_per_s: float) -> str:
+    """Replays per second: whole numbers from 1 up, a decimal below (a slow GPU scenario is not 0)."""
+    if replays_per_s >= 1 or replays_per_s == 0:
+        return f"{replays_per_s:.0f}"
+    return f"{replays_per_s:.1f}" if replays_per_s >= 0.1 else f"{replays_per_s:.2g}"
+
+
+def name_width(names: Sequence[str]) -> int:
+    """The scenario column of a run's plain lines: wide enough for its longest name."""
+    return max([NAME_WIDTH, *(len(n) for n in names)])
+
+
+def plain_line(r: ScenarioResult, status: str | None = None, width: int = NAME_WIDTH) -> str:
+    """One scenario as one fixed-width line; `status` replaces the ok / FAIL column, `width` is
+    the scenario column's (`name_width` of the run's names keeps a long name from shifting it)."""
     t = r.tally
     status = status or ("ok  " if r.met else "FAIL")
+    name = f"{r.scenario.name:{width}s}"
     if r.error:
-        return f"{status} {r.scenario.name:34s} expected {_expected(r):12s}  error: {r.error}"
+        return f"{status} {name} expected {_expected(r):12s}  error: {r.error}"
     return (
-        f"{status} {r.scenario.name:34s} expected {_expected(r):12s} "
+        f"{status} {name} expected {_expected(r):12s} "
         f"observed {_observed(r):21s} stale {t.stale_replays:>5d}/{t.replays:<5d} "
         f"({t.stale_rate:6.1%}) layers {_layers(r):8s} findings {len(r.findings):3d} "
-        f"{r.replays_per_s:6.0f} replays/s"
+        f"{rate(r.replays_per_s):>6s} replays/s"
     )
 
 
@@ -82,11 +99,11 @@ def _live_line(r: ScenarioResult, status: str | None) -> str:
     t = r.tally
     return (f"{head} observed {_observed(r)}  stale {t.stale_replays}/{t.replays} "
             f"({t.stale_rate:.1%})  layers {_layers(r)}  findings {len(r.findings)}  "
-            f"{r.replays_per_s:.0f} replays/s")
+            f"{rate(r.replays_per_s)} replays/s")
 
 
 class RunConsole:
-    """start(total, device) -> scenario_done(result) per scenario -> finish(results, report)."""
+    """start(total, device, names) -> scenario_done(result) per scenario -> finish(results, report)."""
 
     def __init__(self, file: IO[str] | None = None, *, force_terminal: bool | None = None):
         self._file = file  # None: whatever sys.stdout is at each print, so captured output works
@@ -95,6 +112,7 @@ class RunConsole:
         self.live = self.console is not None and self.console.is_terminal
         self._progress: Progress | None = None
         self._task: TaskID | None = None
+        self._width = NAME_WIDTH
 
     def _plain(self, text: str) -> None:
         # Straight to the file: rich would wrap long lines at its idea of the width.
@@ -102,7 +120,9 @@ class RunConsole:
         out.write(text + "\n")
         out.flush()
 
-    def start(self, total: int, device_name: str) -> None:
+    def start(self, total: int, device_name: str, names: Sequence[str] = ()) -> None:
+        """`names`: the run's scenarios, so that every plain line has the same columns."""
+        self._width = name_width(names)
         if not self.live:
             self._plain(f"device: {device_name}  scenarios: {total}")
             return
@@ -117,7 +137,7 @@ class RunConsole:
 
     def scenario_done(self, r: ScenarioResult, status: str | None = None) -> None:
         if not self.live:
-            self._plain(plain_line(r, status))
+            self._plain(plain_line(r, status, self._width))
             return
         assert self.console is not None and self._progress is not None and self._task is not None  # start() ran
         # On the progress bar's console, so the line lands above the bar.
@@ -174,6 +194,6 @@ def results_table(results: Sequence[ScenarioResult]):
             f"{t.stale_replays}/{t.replays} {t.stale_rate:.0%}",
             _layers(r),
             str(len(r.findings)),
-            f"{r.replays_per_s:.0f}",
+            rate(r.replays_per_s),
         )
     return table

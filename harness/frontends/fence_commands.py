@@ -7,6 +7,10 @@ on every one (no stale replay, no analyser finding). Exit 1 otherwise.
 
 bench: see `harness.run.benchmark`. Prints a table per point and writes the `bench`
 section of results.json; exit 0 (a benchmark measures, it does not judge).
+
+Both write summary.md and report.html next to results.json, as `run` does. The device,
+the fences and the pipeline are imported by the commands: building the parser imports
+no torch.
 """
 
 from __future__ import annotations
@@ -14,13 +18,14 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from harness.devices import open_device
-from harness.frontends.cli_args import device_arguments, positive_int
-from harness.protocol.fences import STRATEGIES
+from harness.frontends.cli_args import device_arguments, out_argument, positive_int
+from harness.frontends.session import write_report
 from harness.records.scenario import Backend, Expect, Scenario
-from harness.run.pipeline import ScenarioResult, run_scenario
+
+if TYPE_CHECKING:
+    from harness.run.pipeline import ScenarioResult
 
 # Kill-matrix mutants whose only defect is the fence: a correct strategy in its place fixes them.
 FENCE_MUTANTS = ("none", "first_event", "wrong_stream", "previous_op")
@@ -56,8 +61,11 @@ def cell(r: ScenarioResult, base: str) -> Cell:
 
 
 def cmd_fences(args: argparse.Namespace) -> int:
+    from harness.devices import open_device
+    from harness.protocol.fences import STRATEGIES
     from harness.records.plain import as_plain
     from harness.report.results import build_results, write_results
+    from harness.run.pipeline import run_scenario
 
     dev = open_device(args.device, args.sim_costs)
     strategies = ["none", *STRATEGIES]
@@ -81,6 +89,7 @@ def cmd_fences(args: argparse.Namespace) -> int:
     doc = build_results(results, dev.describe(), started, time.time(),
                         {"strategies": {"cells": [as_plain(c) for c in cells]}})
     path = write_results(args.out, doc)
+    write_report(doc, args.out)
     print(f"{len(cells) - len(bad)}/{len(cells)} cells as expected (none caught, every strategy clean); "
           f"results: {path}")
     for c in bad:
@@ -90,6 +99,7 @@ def cmd_fences(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from harness.devices import open_device
     from harness.report.results import build_results, write_results
     from harness.run.benchmark import ARMS, DEFAULT_POINT, bench_point, sweep
     from harness.run.plugins import Kind, resolve
@@ -115,14 +125,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   flush=True)
     doc = build_results([], dev.describe(), started, time.time(),
                         {"bench": {"points": rows, "clock": dev.clock}})
-    print(f"\nresults: {write_results(args.out, doc)}")
+    path = write_results(args.out, doc)
+    write_report(doc, args.out)
+    print(f"\nresults: {path}")
     return 0
 
 
 def add_commands(sub) -> None:
     def common(sp: argparse.ArgumentParser) -> None:
         device_arguments(sp)
-        sp.add_argument("--out", type=Path, default=Path("reports"), help="where results.json goes")
+        out_argument(sp)
 
     f = sub.add_parser("fences", help="every fence strategy against every full-graph race scenario")
     f.add_argument("--replays", type=positive_int, default=None, help="replays per cell (default: the scenario's)")

@@ -4,6 +4,11 @@ Every command that runs scenarios (run, mutants, soak) goes through `run_scenari
 so a stop is handled one way: the scenario in progress is dropped, the finished ones
 are kept, and `write_partial` writes them as a partial results.json with one line on
 stderr. SIGTERM becomes an interrupt only while a command runs (`signals_interrupt`).
+A command that ends normally writes results.json and then `write_report` (summary.md,
+report.html) beside it.
+
+Torch and the pipeline are imported when a scenario runs, not with this module: the
+command line imports it to handle an interrupt that comes while it is still starting.
 """
 
 from __future__ import annotations
@@ -16,13 +21,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from harness.devices.base import Device
 from harness.records.errors import DeviceLost, Interrupted
 from harness.records.scenario import Scenario
-from harness.run.pipeline import ScenarioResult, run_scenario
+
+if TYPE_CHECKING:
+    from harness.devices.base import Device
+    from harness.run.pipeline import ScenarioResult
 
 
 def interrupt_signal(e: KeyboardInterrupt) -> signal.Signals:
@@ -57,6 +63,8 @@ def signals_interrupt() -> Iterator[None]:
 
 
 def _is_device_error(e: BaseException) -> bool:
+    import torch  # loaded by then: the scenario that raised ran on it
+
     if isinstance(e, torch.OutOfMemoryError):
         return False  # one scenario's problem: run_scenario records it and the run goes on
     accelerator = getattr(torch, "AcceleratorError", ())
@@ -65,6 +73,8 @@ def _is_device_error(e: BaseException) -> bool:
 
 def run_one(s: Scenario, dev: Device, replays: int | None, timeout_s: float) -> ScenarioResult:
     """run_scenario, with a lost device raised as DeviceLost (carrying the scenario's error)."""
+    from harness.run.pipeline import ScenarioResult, run_scenario
+
     t0 = time.perf_counter()
     try:
         return run_scenario(s, dev, replays=replays, timeout_s=timeout_s)
@@ -98,7 +108,8 @@ def run_scenarios(
 
     An interrupt (from `begin` on: once it has printed, a run has started) drops the
     scenario in progress; a lost device ends the loop after its scenario, which `done`
-    gets as an error.
+    gets as an error. So whatever `begin` prints is the mark that a stop from then on
+    is this loop's, ending in `write_partial`'s line ("no scenario finished" at worst).
     """
     try:
         begin()
@@ -106,6 +117,8 @@ def run_scenarios(
             try:
                 r = run_one(s, device(), replays, timeout_s)
             except DeviceLost as e:
+                from harness.run.pipeline import ScenarioResult
+
                 assert isinstance(e.result, ScenarioResult)
                 done(e.result)
                 return Stop("device-lost", e.exit_code, str(e))
@@ -139,3 +152,14 @@ def write_partial(stop: Stop, results: list[ScenarioResult], device: dict, out: 
         kept = f"no scenario finished; {out / 'results.json'} left as it was"
     print(f"fence-harness: {stop.reason}; {kept}", file=sys.stderr)
     return stop.exit_code
+
+
+def write_report(doc: dict, out: Path) -> None:
+    """summary.md and report.html next to results.json; a failure here never loses the results."""
+    from harness.report.cli import append_step_summary, write_all
+
+    try:
+        write_all(doc, out)
+        append_step_summary(out / "summary.md")
+    except Exception as e:  # noqa: BLE001 - results.json is written; the report is a view of it
+        print(f"fence-harness: warning: report not written: {e}", file=sys.stderr)

@@ -27,11 +27,9 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from harness.devices import open_device
-from harness.frontends.cli_args import device_arguments, positive_float, positive_int
-from harness.frontends.console import plain_line
+from harness.frontends.cli_args import device_arguments, out_argument, positive_float, positive_int
 from harness.frontends.session import run_scenarios, write_partial
 from harness.records.scenario import (
     Backend,
@@ -45,7 +43,9 @@ from harness.records.scenario import (
     Request,
     Scenario,
 )
-from harness.run.pipeline import ScenarioResult
+
+if TYPE_CHECKING:  # the device and the pipeline are the command's to import: --help needs no torch
+    from harness.run.pipeline import ScenarioResult
 
 PROGRESS_S = 30.0  # a progress line this often, so a long soak is visibly alive
 
@@ -179,7 +179,7 @@ def add_command(subparsers) -> None:
     p.add_argument("--minutes", type=positive_float, default=1.0, help="how long to draw scenarios (default 1)")
     device_arguments(p)
     p.add_argument("--seed", type=int, help="repeat a soak's draws (default: a fresh seed, printed)")
-    p.add_argument("--out", type=Path, default=Path("reports/soak"), help="where results.json goes")
+    out_argument(p, "reports/soak", "results.json")
     p.add_argument("--replays", type=positive_int, default=4, help="replays per scenario (default 4)")
     p.add_argument("--twin-every", type=positive_int, default=4,
                    help="run the unfenced twin of every Nth draw (default 4)")
@@ -197,6 +197,8 @@ def _draws(soak: Soak, twin_every: int, deadline: float) -> Iterator[Scenario]:
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
+    from harness.devices import open_device
+    from harness.frontends.console import plain_line
     from harness.report.results import build_results, write_results
 
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)

@@ -66,7 +66,8 @@ class Finding:
 
     def describe(self) -> str:
         """One sentence a person can act on: the later side, the earlier one, the missing edge."""
-        verb = "reads" if self.kind is RaceKind.READ_AFTER_WRITE else "writes"
+        # The access writes only in a write-after-write; a copy over a read is write-after-read.
+        verb = "writes" if self.kind is RaceKind.WRITE_AFTER_WRITE else "reads"
         access = f"{self._who()} {verb} {self.access_region}"
         copy_verb = "overwrites" if self.kind is RaceKind.WRITE_AFTER_READ else "writes"
         copy = f"the H2D copy on {self.copy_stream} that {copy_verb} {self.copy_region}"

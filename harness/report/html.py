@@ -3,8 +3,13 @@
 The page is an artifact that gets mailed, attached to CI runs and opened years later, so it
 must not depend on anything outside itself. Its Content-Security-Policy says so to the
 browser: images only from data: URIs, the one inline script by its hash, nothing fetched.
-That script counts the images that decoded into `data-images-shown` on <body>, which a
-headless browser can read back.
+That script writes what a headless browser can read back onto <body>: how many images
+decoded (`data-images-shown` of `data-images-total`), how many tables had to scroll sideways
+(`data-wide-overflow`), and how many index links find their timeline (`data-index-targets` of
+`data-index-links`).
+
+Tables fit the window: cells wrap (free text anywhere, names after . _ @ /) rather than
+scroll. A page with more than INDEX_FROM timelines opens with an index of them.
 """
 
 from __future__ import annotations
@@ -12,40 +17,79 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from collections.abc import Set
+from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
+from urllib.parse import quote
 
 from harness.report.results import write_atomic
-from harness.report.summary import headline, observed_text, stale_text, variant_label
+from harness.report.summary import (
+    BENCH_COLUMNS,
+    WRONG_ARM,
+    ArmCell,
+    bench_caption,
+    bench_points,
+    bench_table,
+    headline,
+    not_run,
+    observed_text,
+    partial_text,
+    stale_text,
+    strategy_caption,
+    strategy_cells,
+    strategy_table,
+    variant_label,
+)
+
+INDEX_FROM = 10  # more timelines than this and the page opens with an index of them
 
 STYLE = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 76em; padding: 0 1em; color: #222; }
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 88em; padding: 0 1em; color: #222; }
 h1 { font-size: 1.5em; margin-bottom: 0.2em; }
 h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+/* The last resort for a table that cannot wrap narrow enough: it scrolls in its own box. */
+div.wide { overflow-x: auto; max-width: 100%; }
 table { border-collapse: collapse; margin: 0.5em 0; }
-/* A wide table scrolls inside the page instead of running off its right edge. */
-table.scenarios { display: block; overflow-x: auto; max-width: 100%; }
-td, th { border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: left; }
+td, th { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
-table.scenarios td { white-space: nowrap; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
+table.scenarios, table.bench, table.strategies { font-size: 13px; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.wrap { overflow-wrap: anywhere; }
+td small { color: #666; }
 tr.fail td { background: #fdecea; }
 .headline { color: #555; }
 .note { color: #8a6d3b; }
+.caption { color: #555; max-width: 60em; }
+.partial { background: #fff3e0; border: 1px solid #ef6c00; padding: 0.5em 0.8em; }
+nav.index { background: #f7f7f7; border: 1px solid #ddd; padding: 0.4em 0.8em; line-height: 1.7; }
+nav.index a { margin-right: 0.8em; white-space: nowrap; }
+a.fail { color: #c62828; font-weight: bold; }
 img { max-width: 100%; display: block; margin: 0.6em 0; }
 details { margin: 0.3em 0; }
 """
 
 SCRIPT = """
 window.addEventListener("load", function () {
-  var shown = 0;
+  var body = document.body, shown = 0, over = 0, found = 0;
   for (var i = 0; i < document.images.length; i++) {
     var img = document.images[i];
     if (img.complete && img.naturalWidth > 0) shown++;
   }
-  document.body.setAttribute("data-images-shown", String(shown));
-  document.body.setAttribute("data-images-total", String(document.images.length));
+  body.setAttribute("data-images-shown", String(shown));
+  body.setAttribute("data-images-total", String(document.images.length));
+  var boxes = document.querySelectorAll("div.wide");
+  for (var j = 0; j < boxes.length; j++) {
+    if (boxes[j].scrollWidth > boxes[j].clientWidth) over++;
+  }
+  body.setAttribute("data-wide-overflow", String(over));
+  var links = document.querySelectorAll("nav.index a");
+  for (var k = 0; k < links.length; k++) {
+    if (document.getElementById(decodeURIComponent(links[k].hash.slice(1)))) found++;
+  }
+  body.setAttribute("data-index-links", String(links.length));
+  body.setAttribute("data-index-targets", String(found));
 });
 """
 
@@ -64,16 +108,61 @@ def _value(v) -> str:
     return json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else str(v)
 
 
+def anchor(scenario: str) -> str:
+    """The id of a scenario's timeline on the page; HTML ids hold no whitespace."""
+    return "timeline-" + re.sub(r"\s", "_", scenario)
+
+
+def _href(scenario: str) -> str:
+    return "#" + quote(anchor(scenario), safe="@")  # "@" may stand in a fragment as it is
+
+
+# ---- tables -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A cell with more than its text: smaller lines under it, or a link within the page. Its
+    text may break after . _ @ / where a letter follows (see _breakable)."""
+
+    text: str
+    sub: tuple[str, ...] = ()
+    href: str | None = None
+
+
+def _breakable(text: str) -> str:
+    # Scenario names have no spaces; a break after their separators beats one mid-word. Only
+    # before a letter: "1.45" stays whole.
+    return re.sub(r"([._@/])(?=[A-Za-z])", r"\1<wbr>", escape(text))
+
+
+def _link(inner: str, href: str, css: str = "") -> str:
+    """A link within the page around `inner`, HTML already escaped."""
+    attr = f' class="{escape(css)}"' if css else ""
+    return f'<a href="{escape(href)}"{attr}>{inner}</a>'
+
+
+def _cell(c) -> str:
+    if not isinstance(c, Cell):
+        return escape(str(c))
+    text = _link(_breakable(c.text), c.href) if c.href else _breakable(c.text)
+    return "<br>".join([text, *(f"<small>{_breakable(s)}</small>" for s in c.sub)])
+
+
 def _table(header: list[str], rows: list[list], numeric: Set[int] = frozenset(),
-           row_classes: list[str] | None = None, css: str = "") -> str:
-    """An HTML table; every cell is escaped here and nowhere else."""
+           row_classes: list[str] | None = None, css: str = "", wrap: Set[int] = frozenset()) -> str:
+    """An HTML table in a box that scrolls only if wrapping cannot make it fit; every cell is
+    escaped here and nowhere else. `wrap` columns hold free text that may break anywhere."""
     table = f'<table class="{css}">' if css else "<table>"
-    out = [table + "<tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>"]
+    out = ['<div class="wide">' + table + "<tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>"]
     for row_css, cells in zip(row_classes or [""] * len(rows), rows, strict=False):
-        tds = "".join(f'<td class="num">{escape(str(c))}</td>' if i in numeric else f"<td>{escape(str(c))}</td>"
-                      for i, c in enumerate(cells))
+        tds = "".join(f"<td{_td_class(i, numeric, wrap)}>{_cell(c)}</td>" for i, c in enumerate(cells))
         out.append(f'<tr class="{row_css}">{tds}</tr>' if row_css else f"<tr>{tds}</tr>")
-    return "\n".join(out) + "</table>"
+    return "\n".join(out) + "</table></div>"
+
+
+def _td_class(i: int, numeric: Set[int], wrap: Set[int]) -> str:
+    return ' class="num"' if i in numeric else ' class="wrap"' if i in wrap else ""
 
 
 def _environment(doc: dict) -> str:
@@ -82,25 +171,49 @@ def _environment(doc: dict) -> str:
             "started": doc.get("started"), "finished": doc.get("finished"),
             "command": " ".join(command) if isinstance(command, list) else command}
     rows = [[k, _value(v)] for k, v in [*meta.items(), *doc["environment"].items()] if v is not None]
-    return _table(["key", "value"], rows)
+    return _table(["key", "value"], rows, wrap={1})
 
 
-def _layers(stale_layers: dict) -> str:
-    return ",".join(sorted(stale_layers, key=lambda k: int(k) if k.isdigit() else -1)) or "-"
+def layer_ranges(stale_layers) -> str:
+    """Layer numbers as runs ("0–3, 7"): a 32-layer list stays one short cell."""
+    layers = sorted(int(k) for k in stale_layers if str(k).isdigit())
+    runs: list[list[int]] = []
+    for n in layers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    text = ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in runs)
+    others = [str(k) for k in stale_layers if not str(k).isdigit()]  # never written, never dropped
+    return ", ".join(filter(None, [text, *others])) or "-"
 
 
-def _scenarios(doc: dict) -> str:
-    header = ["scenario", "variant", "hazard", "fault", "expected", "observed", "stale rate",
-              "stale layers", "findings", "replays/s"]
-    rows, classes = [], []
-    for s in doc["scenarios"]:
-        d = s.get("definition") or {}
-        hazard = s.get("hazard") or d.get("hazard") or ""
-        fault = s.get("fault_mode") or s.get("fault_text") or (d.get("fault") or {}).get("kind", "")
-        rows.append([s["name"], variant_label(s), hazard, fault, s["expect"], observed_text(s), stale_text(s),
-                     _layers(s["stale_layers"]), len(s["findings"]), f"{s['timings']['replays_per_s']:.0f}"])
-        classes.append("ok" if s["met"] else "fail")
-    body = [_table(header, rows, numeric={6, 8, 9}, row_classes=classes, css="scenarios")]
+def _fault(s: dict) -> Cell:
+    d = s.get("definition") or {}
+    text = s.get("fault_text") or (d.get("fault") or {}).get("kind", "")
+    mode = s.get("fault_mode")
+    if not mode or mode == text:
+        return Cell(text)
+    # An older file's kind ("gate") says less than its mode ("gate (cuStreamWaitValue32)").
+    return Cell(mode) if not text or mode.startswith(text + " ") else Cell(text, (mode,))
+
+
+def _scenario_row(s: dict, drawn: Set[str]) -> list:
+    d = s.get("definition") or {}
+    hazard = s.get("hazard") or d.get("hazard") or ""
+    name = Cell(s["name"], href=_href(s["name"]) if s["name"] in drawn else None)
+    variant = f"{variant_label(s)} ({hazard})" if hazard else variant_label(s)
+    return [name, Cell(variant), _fault(s), s["expect"],
+            Cell(observed_text(s)), stale_text(s), layer_ranges(s["stale_layers"]), len(s["findings"]),
+            f"{s['timings']['replays_per_s']:.0f}"]
+
+
+def _scenarios(doc: dict, drawn: Set[str]) -> str:
+    header = ["scenario", "variant (hazard)", "fault", "expected", "observed", "stale rate", "stale layers", "findings",
+              "replays/s"]
+    rows = [_scenario_row(s, drawn) for s in doc["scenarios"]]
+    classes = ["ok" if s["met"] else "fail" for s in doc["scenarios"]]
+    body = [_table(header, rows, numeric={5, 7, 8}, row_classes=classes, css="scenarios", wrap={2, 4})]
     for s in doc["scenarios"]:
         if s["findings"]:
             items = "".join(f"<li>{escape(f)}</li>" for f in s["findings"])
@@ -109,38 +222,122 @@ def _scenarios(doc: dict) -> str:
     return "\n".join(body)
 
 
-def _plots(doc: dict) -> str:
+def _scenarios_section(doc: dict, drawn: Set[str]) -> str:
+    """The scenario table, left out of documents with none (a benchmark's)."""
+    return f"<h2>Scenarios</h2>\n{_scenarios(doc, drawn)}" if doc["scenarios"] else ""
+
+
+def _strategies_section(doc: dict) -> str:
+    strategies = doc.get("strategies")
+    if not strategy_cells(strategies):
+        return ""
+    header, rows, ok = strategy_table(strategies)
+    table = _table(header, rows, row_classes=["ok" if good else "fail" for good in ok], css="strategies")
+    return f'<h2>Strategy check</h2>\n<p class="caption">{_code(strategy_caption(strategies))}</p>\n{table}'
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _code(text: str) -> str:
+    """Escaped text with its `backticked` words as <code>, as summary.md shows them."""
+    return re.sub(r"`([^`]*)`", r"<code>\1</code>", escape(text))
+
+
+# ---- the top of the page ------------------------------------------------------------------
+
+
+def _partial(doc: dict) -> str:
+    text = partial_text(doc)
+    if text is None:
+        return ""
+    missing = not_run(doc)
+    names = f"<br>Not run: {', '.join(f'<code>{escape(n)}</code>' for n in missing)}" if missing else ""
+    return f'<p class="partial"><strong>{escape(text)}</strong>{names}</p>'
+
+
+def _index(doc: dict, drawn: list[str]) -> str:
+    if len(drawn) <= INDEX_FROM:
+        return ""
+    unmet = {s["name"] for s in doc["scenarios"] if not s["met"]}
+    links = " ".join(_link(escape(n), _href(n), "fail" if n in unmet else "") for n in drawn)
+    return f'<nav class="index"><strong>Stream timelines ({len(drawn)})</strong>: {links}</nav>'
+
+
+# ---- figures ------------------------------------------------------------------------------
+
+
+@dataclass
+class Figures:
+    """The plots of one document, or why there are none."""
+
+    missing: str | None = None  # the import error when matplotlib is absent
+    detection: bytes | None = None
+    kill_matrix: bytes | None = None
+    fence_cost: bytes | None = None
+    timelines: dict[str, bytes] = field(default_factory=dict)  # scenario -> its timeline, in run order
+
+
+def draw(doc: dict) -> Figures:
     try:
         from harness.report import plots
     except ImportError as e:
         # A GPU runner with only torch installed still gets its tables.
-        return (f'<p class="note">No plots: {escape(str(e))}. Run <code>fence-harness report '
-                f"results.json</code> where matplotlib is installed to add them.</p>")
-    sections = []
-
-    def add(title: str, png: bytes | None, alt: str) -> None:
-        if png is not None:
-            sections.append(f"<h2>{escape(title)}</h2>\n{_img(png, alt)}")
-
-    add("Detection against injected delay", plots.detection_png(doc["scenarios"]),
-        "detection probability against injected delay, per backend and fence")
-    add("Mutant kill matrix", plots.kill_matrix_png(doc.get("mutants")), "mutant kill matrix")
-    add("Fence cost", plots.fence_cost_png(doc.get("bench")), "fence cost: median over bound per strategy")
-    drawn = [(s["name"], plots.timeline_png(s["name"], s.get("timeline"))) for s in doc["scenarios"]]
-    timelines = [(n, png) for n, png in drawn if png is not None]
-    if timelines:
-        sections.append("<h2>Stream timelines</h2>")
-        sections += [f"<h3>{escape(n)}</h3>\n{_img(png, f'stream timeline of {n}')}" for n, png in timelines]
-    return "\n".join(sections)
+        return Figures(missing=str(e))
+    drawn = ((s["name"], plots.timeline_png(s["name"], s.get("timeline"))) for s in doc["scenarios"])
+    return Figures(detection=plots.detection_png(doc["scenarios"]),
+                   kill_matrix=plots.kill_matrix_png(doc.get("mutants")),
+                   fence_cost=plots.fence_cost_png(doc.get("bench")),
+                   timelines={n: png for n, png in drawn if png is not None})
 
 
-def _scenarios_section(doc: dict) -> str:
-    """The scenario table, left out of documents with none (a benchmark's)."""
-    return f"<h2>Scenarios</h2>\n{_scenarios(doc)}" if doc["scenarios"] else ""
+def _section(title: str, png: bytes | None, alt: str) -> str:
+    return f"<h2>{escape(title)}</h2>\n{_img(png, alt)}" if png is not None else ""
+
+
+def _fence_cost(doc: dict, png: bytes | None) -> str:
+    """The plot, then the numbers it draws (and the ones it leaves out, the absolute times)."""
+    bench = doc.get("bench")
+    if not bench_points(bench):
+        return ""
+    header, rows = bench_table(bench)
+    plot = _img(png, f"fence cost: median over bound per strategy; {WRONG_ARM} is unfenced") if png else ""
+    numbers = set(range(1, len(BENCH_COLUMNS)))
+    # Each arm's times on one line, its ratio to the bound under them: every cell wraps alike.
+    rows = [[Cell(c.times, (c.ratio,)) if isinstance(c, ArmCell) else c for c in row] for row in rows]
+    return (f"<h2>Fence cost</h2>\n{plot}\n<p class=\"caption\">{_code(_sentence(bench_caption(bench)))}</p>\n"
+            f"{_table(header, rows, numeric=numbers, css='bench')}")
+
+
+def _timelines(figures: Figures) -> str:
+    if not figures.timelines:
+        return ""
+    parts = ["<h2>Stream timelines</h2>"]
+    parts += [f'<h3 id="{escape(anchor(n))}">{escape(n)}</h3>\n{_img(png, f"stream timeline of {n}")}'
+              for n, png in figures.timelines.items()]
+    return "\n".join(parts)
+
+
+def _plots(doc: dict, figures: Figures) -> str:
+    if figures.missing is not None:
+        return (f'<p class="note">No plots: {escape(figures.missing)}. Run <code>fence-harness report '
+                f"results.json</code> where matplotlib is installed to add them.</p>\n"
+                + _fence_cost(doc, None))
+    sections = [
+        _section("Detection against injected delay", figures.detection,
+                 "detection probability against injected delay, per backend and fence"),
+        _section("Mutant kill matrix", figures.kill_matrix, "mutant kill matrix"),
+        _fence_cost(doc, figures.fence_cost),
+        _timelines(figures),
+    ]
+    return "\n".join(s for s in sections if s)
 
 
 def render_html(doc: dict) -> str:
     title = f"fence-harness report {doc.get('run_id') or ''}".strip()
+    figures = draw(doc)
+    drawn = list(figures.timelines)
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -153,10 +350,13 @@ def render_html(doc: dict) -> str:
 <body>
 <h1>fence-harness report</h1>
 <p class="headline">{escape(headline(doc))}</p>
+{_partial(doc)}
+{_index(doc, drawn)}
 <h2>Environment</h2>
 {_environment(doc)}
-{_scenarios_section(doc)}
-{_plots(doc)}
+{_strategies_section(doc)}
+{_scenarios_section(doc, set(drawn))}
+{_plots(doc, figures)}
 <script>{SCRIPT}</script>
 </body>
 </html>

@@ -2,18 +2,27 @@
 
 Built with matplotlib's object-oriented Figure API and rendered by the Agg canvas that
 `Figure.savefig` picks for PNG: no pyplot, so no global figure registry, no GUI backend and
-nothing left open between reports. Each function returns None when its data is absent.
+nothing left open between reports. Each `*_png` returns None when its data is absent; its
+`*_figure` is the same drawing before rendering, for tests to look at.
+
+Lines that can coincide (two strategies that cost the same, two variants that are never
+stale) are told apart by marker, line style and a small sideways offset, and drawn widest
+marker first so each stays visible over the others.
 """
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+from dataclasses import dataclass
 from io import BytesIO
 
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from harness.report.summary import matrix_rows, variant_label
-from harness.report.timeline import stale_marks
+from harness.report.summary import WRONG_ARM, arm_label, bench_arms, bench_points, matrix_rows, variant_label
+from harness.report.timeline import stale_marks, stream_order
 
 OUTCOME_COLOURS = {
     "killed": "#2e7d32",    # a mutant the harness caught
@@ -24,13 +33,7 @@ OUTCOME_COLOURS = {
 }
 EVIDENCE, NO_EVIDENCE = "#546e7a", "#eceff1"
 DARK = {"#2e7d32", "#c62828", "#ef6c00", EVIDENCE}
-KIND_COLOURS = {
-    "copy": "#1e88e5", "record": "#6d4c41", "wait": "#8e24aa", "replay": "#43a047",
-    "delay": "#bdbdbd", "gate": "#757575", "access": "#fdd835", "kernel": "#fff59d", "harness": "#cfd8dc",
-    "sync": "#00897b",  # older results' host synchronize spans
-}
 STALE = "#d50000"
-CONTAINERS = ("replay", "delay", "gate", "sync")
 
 
 def _png(fig: Figure) -> bytes:
@@ -40,36 +43,105 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def detection_png(scenarios: list[dict]) -> bytes | None:
-    """P(stale replay) against injected delay, one line per backend+fence.
+def _png_of(fig: Figure | None) -> bytes | None:
+    return None if fig is None else _png(fig)
 
-    Scenarios sharing a backend+fence (the attention, Mamba and hybrid models) are pooled:
-    replays and stale replays are summed at each delay before dividing.
-    """
+
+# ---- line styles shared by the detection and fence-cost plots ------------------------------
+
+
+@dataclass(frozen=True)
+class LineStyle:
+    colour: str
+    marker: str
+    dashes: str | tuple
+    size: float  # marker size; series are drawn largest first
+    hollow: bool = True
+
+
+SERIES = (
+    LineStyle("#1f77b4", "o", "-", 10),
+    LineStyle("#ff7f0e", "s", "--", 8),
+    LineStyle("#2ca02c", "^", "-.", 7),
+    LineStyle("#9467bd", "D", (0, (5, 1.5)), 5.5, hollow=False),
+    LineStyle("#8c564b", "v", (0, (1, 1.5)), 5, hollow=False),
+    LineStyle("#17becf", "P", "-", 5, hollow=False),
+)
+# The unfenced arm is the wrong answer: red, dotted, crosses, whatever it costs.
+WRONG = LineStyle("#c62828", "X", ":", 8, hollow=False)
+
+
+def _line_kwargs(style: LineStyle) -> dict:
+    return {"color": style.colour, "marker": style.marker, "linestyle": style.dashes,
+            "markersize": style.size, "markeredgewidth": 1.5, "linewidth": 1.6,
+            "markerfacecolor": "none" if style.hollow else style.colour}
+
+
+def _offsets(n: int, step: float) -> list[float]:
+    """Sideways offsets, centred on 0, that keep n coinciding points apart."""
+    return [(i - (n - 1) / 2) * step for i in range(n)]
+
+
+# ---- detection against injected delay -----------------------------------------------------
+
+
+def _detection_series(scenarios: list[dict]) -> dict[str, dict[float, list[int]]]:
+    """backend+fence -> delay -> [replays, stale replays], summed over the scenarios sharing it."""
     series: dict[str, dict[float, list[int]]] = {}
     for s in scenarios:
         for p in s.get("sweep") or []:
             acc = series.setdefault(variant_label(s), {}).setdefault(float(p["us"]), [0, 0])
             acc[0] += p["replays"]
             acc[1] += p["stale_replays"]
+    return series
+
+
+def _replays_text(points: dict[float, list[int]]) -> str:
+    counts = sorted({n for n, _ in points.values()})
+    n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    return f"n={n} replays per delay"
+
+
+def detection_png(scenarios: list[dict]) -> bytes | None:
+    return _png_of(detection_figure(scenarios))
+
+
+def detection_figure(scenarios: list[dict]) -> Figure | None:
+    """P(stale replay) against injected delay, one line per backend+fence.
+
+    Scenarios sharing a backend+fence (the attention, Mamba and hybrid models) are pooled:
+    replays and stale replays are summed at each delay before dividing. The delays are
+    categories, evenly spaced (0, 5, 20, 50, 200, 1000 µs would crowd a log axis at its low end).
+    """
+    series = _detection_series(scenarios)
     if not series:
         return None
-    fig = Figure(figsize=(7.5, 3.6), dpi=100, layout="constrained")
+    delays = sorted({us for points in series.values() for us in points})
+    fig = Figure(figsize=(8.5, 3.8), dpi=100, layout="constrained")
     ax = fig.add_subplot()
-    for label, points in sorted(series.items()):
+    labels = sorted(series)
+    for label, style, dx in zip(labels, _cycle(len(labels)), _offsets(len(labels), 0.12), strict=True):
+        points = series[label]
         xs = sorted(points)
         ys = [points[x][1] / points[x][0] if points[x][0] else 0.0 for x in xs]
-        ax.plot(xs, ys, marker="o", label=label)
-    positive = [x for points in series.values() for x in points if x > 0]
-    # symlog keeps the 0 us point (no injected delay) on a log-like axis.
-    ax.set_xscale("symlog", linthresh=min(positive) if positive else 1.0)
-    ax.set_ylim(-0.03, 1.03)
+        ax.plot([delays.index(x) + dx for x in xs], ys, label=f"{label} ({_replays_text(points)})",
+                **_line_kwargs(style))
+    ax.set_xticks(range(len(delays)), [f"{us:g}" for us in delays])
+    ax.set_xlim(-0.5, len(delays) - 0.5)
+    ax.set_ylim(-0.05, 1.05)
     ax.set_xlabel("injected delay (µs)")
     ax.set_ylabel("P(stale replay)")
     ax.set_title("Detection against injected delay")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    return _png(fig)
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return fig
+
+
+def _cycle(n: int) -> list[LineStyle]:
+    return [SERIES[i % len(SERIES)] for i in range(n)]
+
+
+# ---- the kill matrix ----------------------------------------------------------------------
 
 
 def kill_matrix_png(mutants: dict | None) -> bytes | None:
@@ -112,74 +184,225 @@ def _rgb(colour: str) -> tuple[float, float, float]:
     return r, g, b
 
 
-def fence_cost_png(bench: dict | None) -> bytes | None:
-    """Median time over the bound, one line per strategy across the sweep, a panel per model kind."""
-    if not bench or not bench.get("points"):
-        return None
-    points = bench["points"]
-    kinds = list(dict.fromkeys(p["model"] for p in points))
-    strategies = list(dict.fromkeys(p["strategy"] for p in points))
-    fig = Figure(figsize=(10.0, 3.4 * len(kinds)), dpi=100, layout="constrained")
-    axes = fig.subplots(len(kinds), 1, squeeze=False)[:, 0]
-    for ax, kind in zip(axes, kinds, strict=False):
+# ---- fence cost ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One sweep axis of one model kind: the points where everything but `key` is held."""
+
+    kind: str
+    key: str  # the point's key that varies: "prefix" or "layers"
+    title: str  # "prefix sweep at 8 layers"
+    points: list[dict]
+
+
+def sweep_panels(points: list[dict]) -> list[Panel]:
+    """Per model kind, a prefix sweep (at its most common layer count) and a layer sweep (at its
+    most common prefix), each only where it varies; a single point is a panel of its own.
+
+    `fence-harness bench` sweeps prefixes at 8 layers and layer counts at 2,048 tokens: the
+    point they share belongs to both, and no line joins one sweep to the other.
+    """
+    panels = []
+    for kind in dict.fromkeys(p["model"] for p in points):
         mine = [p for p in points if p["model"] == kind]
-        shapes = list(dict.fromkeys((p["layers"], p["prefix"]) for p in mine))
-        by_key = {(p["layers"], p["prefix"], p["strategy"]): p for p in mine}
-        for strategy in strategies:
-            xs, ys, lo, hi = [], [], [], []
-            for i, shape in enumerate(shapes):
-                p = by_key.get((*shape, strategy))
-                if p is None:
-                    continue
-                ratio = p["ratio_to_bound"]
-                # The p10-p90 spread, scaled from milliseconds onto the ratio axis.
-                scale = ratio / p["median_ms"] if p["median_ms"] else 0.0
-                xs.append(i)
-                ys.append(ratio)
-                lo.append(max(0.0, ratio - p["p10_ms"] * scale))
-                hi.append(max(0.0, p["p90_ms"] * scale - ratio))
-            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=strategy)
-        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-        ax.set_xticks(range(len(shapes)), [f"{n} layers\n{pre} tokens" for n, pre in shapes], fontsize=8)
-        ax.set_ylabel("median / max(load, compute)")
-        ax.set_title(f"{kind}: end-to-end load-back + prefill over the bound (p10-p90 bars)")
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize="small", ncols=len(strategies))
-    return _png(fig)
+        layers = Counter(p["layers"] for p in mine).most_common(1)[0][0]
+        prefix = Counter(p["prefix"] for p in mine).most_common(1)[0][0]
+        by_prefix = [p for p in mine if p["layers"] == layers]
+        by_layers = [p for p in mine if p["prefix"] == prefix]
+        found = []
+        if len({p["prefix"] for p in by_prefix}) > 1:
+            found.append(Panel(kind, "prefix", f"prefix sweep at {layers} layers", by_prefix))
+        if len({p["layers"] for p in by_layers}) > 1:
+            found.append(Panel(kind, "layers", f"layer sweep at {prefix} cached tokens", by_layers))
+        panels += found or [Panel(kind, "prefix", f"{layers} layers, {prefix} cached tokens", by_prefix)]
+    return panels
+
+
+def _arm_styles(arms: list[str]) -> dict[str, LineStyle]:
+    right = [a for a in arms if a != WRONG_ARM]
+    styles = dict(zip(right, _cycle(len(right)), strict=True))
+    return {a: WRONG if a == WRONG_ARM else styles[a] for a in arms}
+
+
+def _draw_panel(ax, panel: Panel, arms: list[str], styles: dict[str, LineStyle]) -> None:
+    xs_all = sorted({p[panel.key] for p in panel.points})
+    octaves = math.log2(max(xs_all) / min(xs_all))
+    # Offsets in octaves: the axis is log2, so each arm sits the same distance from its point.
+    for arm, dx in zip(arms, _offsets(len(arms), 0.045 * max(1.0, octaves / 4)), strict=True):
+        mine = sorted((p for p in panel.points if p["strategy"] == arm), key=lambda p: p[panel.key])
+        if mine:
+            ys, spread = _ratios(mine)
+            ax.errorbar([p[panel.key] * 2 ** dx for p in mine], ys, yerr=spread, capsize=2.5,
+                        label=arm_label(arm), **_line_kwargs(styles[arm]))
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs_all, [str(x) for x in xs_all])
+    ax.minorticks_off()
+    pad = 2 ** max(0.3, 0.08 * octaves)
+    ax.set_xlim(min(xs_all) / pad, max(xs_all) * pad)
+    ax.set_xlabel({"prefix": "cached prefix (tokens)"}.get(panel.key, panel.key))
+    ax.set_ylabel("median / max(load, compute)")
+    ax.set_title(f"{panel.kind}: {panel.title}", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _ratios(points: list[dict]) -> tuple[list[float], list[list[float]]]:
+    """Each point's median over the bound, and its p10-p90 spread scaled from milliseconds onto
+    that ratio, as errorbar's [below, above]."""
+    ys, lo, hi = [], [], []
+    for p in points:
+        ratio = p["ratio_to_bound"]
+        scale = ratio / p["median_ms"] if p["median_ms"] else 0.0
+        ys.append(ratio)
+        lo.append(max(0.0, ratio - p["p10_ms"] * scale))
+        hi.append(max(0.0, p["p90_ms"] * scale - ratio))
+    return ys, [lo, hi]
+
+
+def fence_cost_png(bench: dict | None) -> bytes | None:
+    return _png_of(fence_cost_figure(bench))
+
+
+def fence_cost_figure(bench: dict | None) -> Figure | None:
+    """Median time over the bound, one line per strategy, a panel per model kind and sweep axis."""
+    points = bench_points(bench)
+    if not points:
+        return None
+    panels = sweep_panels(points)
+    kinds = list(dict.fromkeys(p.kind for p in panels))
+    cols = max(Counter(p.kind for p in panels).values())
+    arms = bench_arms(bench)
+    styles = _arm_styles(arms)
+    fig = Figure(figsize=(max(9.0, 5.2 * cols), 0.7 + 3.3 * len(kinds)), dpi=100, layout="constrained")
+    axes = fig.subplots(len(kinds), cols, squeeze=False)
+    used = set()
+    for kind_row, kind in enumerate(kinds):
+        for col, panel in enumerate(p for p in panels if p.kind == kind):
+            _draw_panel(axes[kind_row][col], panel, arms, styles)
+            used.add((kind_row, col))
+    for r in range(len(kinds)):
+        for c in range(cols):
+            axes[r][c].set_visible((r, c) in used)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(arms), fontsize="small")
+    fig.suptitle("End-to-end load-back + prefill over the bound max(load, compute); bars p10–p90",
+                 fontsize=11)
+    return fig
+
+
+# ---- stream timelines ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpanStyle:
+    """How one kind of span is drawn: a bar within its lane (`top` and `height` in lane units,
+    the lane being 1 tall, centred on its row), or a marker for a moment that takes no time."""
+
+    label: str
+    colour: str
+    top: float = -0.2
+    height: float = 0.4
+    hatch: str | None = None
+    edge: str = "none"
+    dashed: bool = False
+    alpha: float = 1.0
+    z: int = 3
+    marker: str | None = None
+
+
+SPAN_STYLES = {
+    # What holds other work, drawn full height underneath it.
+    "replay": SpanStyle("graph replay", "#a5d6a7", -0.36, 0.72, alpha=0.7, z=1),
+    "delay": SpanStyle("injected delay", "#d6d6d6", -0.36, 0.72, z=1),
+    "gate": SpanStyle("injected gate", "#ffe0b2", -0.36, 0.72, hatch="xx", edge="#ef6c00", z=1),
+    "sync": SpanStyle("host synchronize", "#80cbc4", -0.36, 0.72, z=1),  # older results
+    # The work itself, half height on top.
+    "copy": SpanStyle("copy (load-back)", "#1e88e5"),
+    "access": SpanStyle("kernel on the pools", "#f9a825"),
+    "kernel": SpanStyle("eager compute kernel", "#6a1b9a"),
+    "wait": SpanStyle("stream wait", "#ec407a", -0.12, 0.24, z=4),
+    "record": SpanStyle("event record", "#263238", marker="v", z=5),
+    # Not under test: thin, hollow and dashed along the lane's lower edge.
+    "harness": SpanStyle("harness's own work (poison, observe, compare): not under test", "white", 0.24, 0.12,
+                         hatch="....", edge="#607d8b", dashed=True, z=2),
+}
+MIN_BAR_PX = 3.0  # copies and kernels of a microsecond stay visible on a millisecond axis
+LABEL_PX_PER_CHAR = 4.5  # at the harness labels' 6.5 pt
+FIG_W = 11.0  # inches, the legend's column included
+
+
+def _timeline_title(name: str, timeline: dict) -> str:
+    layers = ", ".join(str(x) for x in sorted(set(timeline.get("stale_layers") or []))) or "none"
+    under = f" under {timeline['fault']}" if timeline.get("fault") else ""
+    return f"{name}: one replay{under}; stale layers {layers}"
+
+
+def _draw_span(ax, s: dict, y: int, marked: bool, px_per_us: float) -> None:
+    style = SPAN_STYLES[s["kind"]]
+    min_w = MIN_BAR_PX / px_per_us
+    if style.marker is not None:
+        ax.plot([s["start_us"]], [y - 0.3], marker=style.marker, color=style.colour, markersize=6,
+                linestyle="none", zorder=style.z)
+        return
+    width = max(s["end_us"] - s["start_us"], min_w)
+    ax.broken_barh([(s["start_us"], width)], (y + style.top, style.height), facecolors=style.colour,
+                   alpha=style.alpha, edgecolors=STALE if marked else style.edge,
+                   linewidth=1.5 if marked or style.edge != "none" else 0,
+                   linestyle="--" if style.dashed else "-", hatch="///" if marked else style.hatch,
+                   zorder=style.z + (1 if marked else 0))
+    # The harness's steps are named where the name fits: they are what the eye must not take
+    # for the work under test.
+    if s["kind"] == "harness" and width * px_per_us > LABEL_PX_PER_CHAR * len(s["name"]) + 6:
+        ax.text(s["start_us"] + width / 2, y + style.top + style.height + 0.02, s["name"], ha="center",
+                va="top", fontsize=6.5, color="#455a64", clip_on=True)
+
+
+def _timeline_legend(spans: list[dict], stale: bool) -> list:
+    handles: list = []
+    for kind in [k for k in SPAN_STYLES if any(s["kind"] == k for s in spans)]:
+        style = SPAN_STYLES[kind]
+        if style.marker is not None:
+            handles.append(Line2D([], [], marker=style.marker, color=style.colour, linestyle="none",
+                                  label=style.label))
+        else:
+            handles.append(Patch(facecolor=style.colour, edgecolor=style.edge, hatch=style.hatch,
+                                 linestyle="--" if style.dashed else "-", label=style.label))
+    if stale:
+        handles.append(Patch(facecolor="white", edgecolor=STALE, hatch="///",
+                             label="stale layer: its copy, and a read that beat it"))
+    return handles
 
 
 def timeline_png(name: str, timeline: dict | None) -> bytes | None:
-    """One lane per stream; stale layers' copies and the reads that beat them hatched in red."""
+    return _png_of(timeline_figure(name, timeline))
+
+
+def timeline_figure(name: str, timeline: dict | None) -> Figure | None:
+    """One lane per stream (forward, load, then others: `stream_order`); each kind of span in
+    its own style (SPAN_STYLES); stale layers' copies and the reads that beat them hatched red."""
     if not timeline or not timeline.get("spans"):
         return None
     spans = timeline["spans"]
-    stale = set(timeline.get("stale_layers") or [])
-    lanes = list(dict.fromkeys(s["stream"] for s in spans))
+    lanes = stream_order(spans)
     t0 = min(s["start_us"] for s in spans)
     t1 = max(s["end_us"] for s in spans)
-    # Records and waits take no time; give them a sliver so they show.
-    sliver = max(t1 - t0, 1e-9) * 0.004
-    fig = Figure(figsize=(9, 1.3 + 0.6 * len(lanes)), dpi=100, layout="constrained")
+    handles = _timeline_legend(spans, bool(timeline.get("stale_layers")))
+    fig = Figure(figsize=(FIG_W, max(1.5 + 0.75 * len(lanes), 0.6 + 0.2 * len(handles))), dpi=100,
+                 layout="constrained")
     ax = fig.add_subplot()
-    for s, marked in zip(spans, stale_marks(timeline), strict=False):
-        y = lanes.index(s["stream"])
-        # Spans that hold others (a replay holds its accesses) are drawn full height underneath;
-        # the short operations go on top, half height, so both stay visible.
-        outer = s["kind"] in CONTAINERS
-        height = 0.7 if outer else 0.4
-        ax.broken_barh([(s["start_us"], max(s["end_us"] - s["start_us"], sliver))], (y - height / 2, height),
-                       facecolors=KIND_COLOURS[s["kind"]], alpha=0.55 if outer else 1.0,
-                       edgecolors=STALE if marked else "none", linewidth=1.5 if marked else 0,
-                       hatch="///" if marked else None, zorder=1 if outer else 2)
     ax.set_yticks(range(len(lanes)), lanes)
     ax.set_ylim(len(lanes) - 0.5, -0.5)
+    ax.set_xlim(t0 - (t1 - t0) * 0.01, t1 + (t1 - t0) * 0.02)
     ax.set_xlabel(f"time (µs, {timeline['clock']} clock)")
-    layers = ", ".join(str(x) for x in sorted(stale)) or "none"
-    ax.set_title(f"{name}: one replay, stale layers {layers}", fontsize=10)
-    kinds = list(dict.fromkeys(s["kind"] for s in spans))
-    handles = [Patch(color=KIND_COLOURS[k], label=k) for k in kinds]
-    if stale:
-        handles.append(Patch(facecolor="white", edgecolor=STALE, hatch="///", label="stale layer"))
+    ax.set_title(_timeline_title(name, timeline), fontsize=10)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     ax.grid(axis="x", alpha=0.3)
-    return _png(fig)
+    # Lay out the frame first: its width in pixels is what a minimum width is measured in.
+    fig.draw_without_rendering()
+    x0, x1 = ax.get_xlim()
+    px_per_us = ax.bbox.width / max(x1 - x0, 1e-9)
+    for s, marked in zip(spans, stale_marks(timeline), strict=False):
+        _draw_span(ax, s, lanes.index(s["stream"]), marked, px_per_us)
+    return fig

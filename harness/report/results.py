@@ -1,8 +1,11 @@
 """results.json: what a run found, written atomically.
 
-Schema version 1 (documented in the README): run metadata, the device, and one
-entry per scenario with its definition, expectation, observed verdict, replay
-counts, stale rate, localisation and timings.
+Schema version 1 (documented in `harness.report.schema`): run metadata, the device,
+and one entry per scenario with its definition, expectation, observed verdict,
+replay counts, stale rate, localisation, findings and timings.
+
+Imports no torch until a document is built: `compare` and `report` read results
+files, and the command line's parser is built from modules that import this one.
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from harness.records.analysis import Finding
 from harness.records.plain import as_plain
-from harness.report.environment import collect_environment
-from harness.run.pipeline import ScenarioResult
+
+if TYPE_CHECKING:
+    from harness.run.pipeline import ScenarioResult
 
 SCHEMA_VERSION = 1
 
@@ -46,6 +52,7 @@ def scenario_entry(r: ScenarioResult) -> dict:
         "output_only_replays": t.output_only_replays,
         "mean_stale_slot_fraction": t.mean_read_fraction,
         "findings": [f.describe() for f in r.findings],
+        "finding_records": [finding_record(f) for f in r.findings],  # the same, by field, in order
         "finding_kinds": dict(sorted(Counter(f.kind.value for f in r.findings).items())),
         "hazard": r.scenario.hazard.value,
         "engine": _engine(r.scenario.engine),
@@ -67,6 +74,20 @@ def scenario_entry(r: ScenarioResult) -> dict:
             "replay_loop_s": round(r.replay_s, 4),
             "replays_per_s": round(r.replays_per_s, 1),
         },
+    }
+
+
+def finding_record(f: Finding) -> dict:
+    """A finding by what it means: `compare` matches these, where a sentence would carry the
+    builds' stream labels. Streams are keyed by their role in the pair (the copy's, the access's)."""
+    return {
+        "kind": f.kind.value,
+        "copy_region": as_plain(f.copy_region),
+        "access_region": as_plain(f.access_region),
+        "what": f.what,
+        "in_replay": f.in_replay,
+        "access_first": f.access_first,
+        "streams": {"copy": f.copy_stream, "access": f.access_stream},
     }
 
 
@@ -99,6 +120,8 @@ def build_results(
     sections: dict | None = None,
 ) -> dict:
     """The whole document; `sections` adds top-level parts (the kill matrix, a benchmark)."""
+    from harness.report.environment import collect_environment
+
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": uuid.uuid4().hex[:12],

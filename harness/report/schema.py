@@ -10,6 +10,15 @@ A document is one JSON object::
         name, expect ("race" | "clean"), observed ("race" | "clean" | null on error), met, error,
         replays, stale_replays, stale_rate, stale_layers {layer: replays}, findings [sentence],
         timings {wall_s, replay_loop_s, replays_per_s},
+        evidence    (optional: older files lack it) what showed the race: ["data", "analysis"]
+        finding_records
+                    (optional: older files lack it) the findings again, one record per sentence and
+                    in the same order, by what they mean: {kind: "read-after-write" |
+                    "write-after-write" | "write-after-read", copy_region, access_region (each
+                    {pool, layer, start, stop}), what (the kernel, "" for none), in_replay,
+                    access_first (the access was enqueued before the copy), streams {copy,
+                    access}: the labels of the copy's and the access's streams, by role}.
+                    `compare` matches findings on (kind, copy_region, access_region, what).
         definition {backend, fence, accessor (older files: waits), ...}
         and, when the run produced them:
         sweep       [{us, replays, stale_replays, stale_rate}]: detection against injected delay
@@ -46,6 +55,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.records.analysis import RaceKind
 from harness.records.errors import ReportInputError
 from harness.records.trace import SpanKind
 from harness.report.results import SCHEMA_VERSION
@@ -78,6 +88,7 @@ STR = "str"
 BOOL = "bool"
 
 SPAN_KINDS = OneOf(*SpanKind.ALL, "sync")  # "sync": host synchronize spans of older results
+REGION = {"pool": STR, "layer": INT, "start": INT, "stop": INT}
 
 SCENARIO = {
     "name": STR,
@@ -92,6 +103,9 @@ SCENARIO = {
     "stale_rate": NUMBER,
     "stale_layers": MapOf(INT),
     "findings": [STR],
+    "finding_records?": [{"kind": OneOf(*(k.value for k in RaceKind)), "copy_region": REGION,
+                          "access_region": REGION, "what": STR, "in_replay": BOOL, "access_first": BOOL,
+                          "streams": {"copy": STR, "access": STR}}],
     "timings": {"replays_per_s": NUMBER, "wall_s?": NUMBER, "replay_loop_s?": NUMBER},
     "definition?": {"backend?": STR, "fence?": STR, "waits?": BOOL, "accessor?": STR},
     "sweep?": [{"us": NUMBER, "replays": INT, "stale_replays": INT, "stale_rate": NUMBER}],
@@ -212,6 +226,12 @@ def validate(doc, source: str = "results.json") -> None:
         found = "missing" if "schema_version" not in doc else f"got {_short(version)}"
         raise ReportInputError(source, "schema_version", f"expected {SCHEMA_VERSION}, {found}")
     _check(doc, SCHEMA, "", source)
+    for i, s in enumerate(doc["scenarios"]):
+        records = s.get("finding_records")
+        if records is not None and len(records) != len(s["findings"]):
+            raise ReportInputError(source, f"scenarios[{i}].finding_records",
+                                   f"{len(records)} records for {len(s['findings'])} findings; "
+                                   "expected one per finding, in the same order")
     names = [s["name"] for s in doc["scenarios"]]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)

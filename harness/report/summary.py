@@ -1,27 +1,104 @@
 """summary.md: a GitHub-flavoured Markdown digest of one results.json, short enough for a CI
-step summary or a pull-request comment."""
+step summary or a pull-request comment.
+
+The words and numbers shared with report.html (the headline, a partial run's note, the
+benchmark's and the strategy check's tables) are decided here; each page only lays them out.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 from harness.report.results import write_atomic
 
+# Why a partial run stopped, as results.json's `interrupted` names it.
+STOPPED = {
+    "SIGINT": "interrupted (SIGINT)",
+    "SIGTERM": "terminated (SIGTERM)",
+    "device-lost": "stopped: the device was lost",
+}
+WRONG_ARM = "none"  # the benchmark's and the strategy check's unfenced arm: fast, and wrong
+BENCH_COLUMNS = ["model", "layers", "prefix", "load ms", "compute ms"]  # then one per arm
+
 
 def headline(doc: dict) -> str:
-    """One line: device, GPU, torch, met/total."""
+    """One line: device, GPU, torch, then what the document holds (met/total, partial, bench...)."""
     env = doc["environment"]
-    s = doc["summary"]
     parts = [f"device {env.get('device', '?')}"]
     if env.get("gpu"):
         parts.append(f"GPU {env['gpu']}")
     elif env.get("cpu_model") or env.get("cpu"):
         parts.append(f"CPU {env.get('cpu_model') or env['cpu']}")
     parts.append(f"torch {env.get('torch', '?')}")
-    parts.append(f"{s['met']}/{s['scenarios']} met")
+    return " · ".join(parts + _contents(doc))
+
+
+def _contents(doc: dict) -> list[str]:
+    # Each part only where the document has it: a benchmark has no scenarios, and "0/0 met"
+    # would read as a run where nothing was met.
+    s = doc["summary"]
+    parts = []
+    if doc.get("partial"):
+        parts.append(f"PARTIAL run, {stopped_text(doc)}")
+    if doc["scenarios"]:
+        parts.append(f"{s['met']}/{s['scenarios']} met")
     if s.get("errors"):
         parts.append(f"{s['errors']} errors")
-    return " · ".join(parts)
+    if doc.get("partial") and "not_run" in doc:
+        parts.append(f"{len(not_run(doc))} not run")
+    if bench_points(doc.get("bench")):
+        header, rows = bench_table(doc["bench"])
+        arms = len(header) - len(BENCH_COLUMNS)
+        parts.append(f"fence cost of {_count(len(rows), 'point')} × {_count(arms, 'arm')}")
+    cells = strategy_cells(doc.get("strategies"))
+    if cells:
+        parts.append(f"strategy check {sum(c['ok'] for c in cells)}/{len(cells)} cells as expected")
+    if doc.get("soak"):
+        parts.append(_soak_text(doc["soak"]))
+    return parts or ["no scenarios"]
+
+
+def _soak_text(soak: dict) -> str:
+    missed = soak.get("missed_races")
+    if isinstance(missed, dict):  # the total, then per fault kind
+        missed = missed.get("total")
+    return (f"soak of {soak.get('scenarios', '?')} scenarios + {soak.get('twins', '?')} twins: "
+            f"{soak.get('false_positives', '?')} false positives, {'?' if missed is None else missed} missed races")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+# ---- a partial run ------------------------------------------------------------------------
+
+
+def stopped_text(doc: dict) -> str:
+    why = doc.get("interrupted")
+    if not why:
+        return "stopped, reason not recorded"
+    return STOPPED.get(why, f"stopped ({why})")
+
+
+def not_run(doc: dict) -> list[str]:
+    return list(doc.get("not_run") or [])
+
+
+def partial_text(doc: dict) -> str | None:
+    """A partial run in one sentence, the scenarios that did not run left to the caller; None
+    for a run that finished."""
+    if not doc.get("partial"):
+        return None
+    ran = doc["summary"]["scenarios"]
+    if "not_run" not in doc:  # a soak: it draws scenarios until stopped, none is left over
+        return f"Partial run, {stopped_text(doc)}; this file holds what finished before it stopped."
+    missing = not_run(doc)
+    return (f"Partial run, {stopped_text(doc)} after {ran} of {_count(ran + len(missing), 'scenario')}; "
+            f"{len(missing)} did not run.")
+
+
+# ---- scenarios ----------------------------------------------------------------------------
 
 
 def variant_label(s: dict) -> str:
@@ -54,42 +131,177 @@ def stale_text(s: dict) -> str:
     return f"{s['stale_rate']:.1%} ({s['stale_replays']}/{s['replays']})"
 
 
-def _cell(text) -> str:
-    # A pipe ends a Markdown table cell and a newline ends the row; error messages can hold either.
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _table(header: list[str], rows: list[list]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return lines
-
-
 def matrix_rows(mutants: dict | None) -> list[dict]:
     """The kill matrix's entries, mutants first, each group in run order."""
     matrix = (mutants or {}).get("matrix") or []
     return sorted(matrix, key=lambda m: m["role"] != "mutant")
 
 
-def render_summary(doc: dict) -> str:
-    lines = [f"**fence-harness** · {_cell(headline(doc))}", ""]
+# ---- the benchmark and the strategy check -------------------------------------------------
+
+
+def bench_points(bench: dict | None) -> list[dict]:
+    return list((bench or {}).get("points") or [])
+
+
+def bench_arms(bench: dict | None) -> list[str]:
+    """The arms in run order, the unfenced one first."""
+    arms = list(dict.fromkeys(p["strategy"] for p in bench_points(bench)))
+    return sorted(arms, key=lambda a: a != WRONG_ARM)
+
+
+def arm_label(arm: str) -> str:
+    return f"{arm} (unfenced: wrong)" if arm == WRONG_ARM else arm
+
+
+def _ms(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def bench_table(bench: dict | None) -> tuple[list[str], list[list]]:
+    """One row per point (model, layers, prefix), one column per arm: "median (p10–p90) ×ratio",
+    the ratio being the median over the bound max(load, compute)."""
+    points = bench_points(bench)
+    arms = bench_arms(bench)
+    shapes: dict[tuple, dict[str, dict]] = {}
+    for p in points:
+        shapes.setdefault((p["model"], p["layers"], p["prefix"]), {})[p["strategy"]] = p
+    rows = []
+    for (model, layers, prefix), by_arm in shapes.items():
+        first = next(iter(by_arm.values()))
+        cells = [_arm_cell(by_arm.get(arm)) for arm in arms]
+        rows.append([model, str(layers), str(prefix), _ms(first["load_ms"]), _ms(first["compute_ms"]), *cells])
+    return [*BENCH_COLUMNS, *map(arm_label, arms)], rows
+
+
+class ArmCell(NamedTuple):
+    """One arm at one point: "median (p10–p90)" in ms, and "×ratio" to the bound."""
+
+    times: str
+    ratio: str
+
+    def __str__(self) -> str:
+        return f"{self.times} {self.ratio}"
+
+
+def _arm_cell(p: dict | None) -> ArmCell | str:
+    if p is None:
+        return "-"
+    return ArmCell(f"{_ms(p['median_ms'])} ({_ms(p['p10_ms'])}–{_ms(p['p90_ms'])})", f"×{p['ratio_to_bound']:.2f}")
+
+
+def bench_caption(bench: dict | None) -> str:
+    clock = (bench or {}).get("clock")
+    on = f", {clock} clock" if clock else ""
+    return (f"per point and arm, median ms (p10–p90) over the repeats{on}, and × the median over the "
+            f"bound max(load, compute). `{WRONG_ARM}` has no fence: its times are not a correct load-back's.")
+
+
+def strategy_cells(strategies: dict | None) -> list[dict]:
+    return list((strategies or {}).get("cells") or [])
+
+
+def strategy_table(strategies: dict | None) -> tuple[list[str], list[list[str]], list[bool]]:
+    """Scenario × strategy: each cell "stale/replays stale, N findings, ok" (or NOT OK); and per
+    row, whether every cell in it is as expected."""
+    cells = strategy_cells(strategies)
+    names = list(dict.fromkeys(c["strategy"] for c in cells))
+    names.sort(key=lambda n: n != WRONG_ARM)
+    grid: dict[str, dict[str, dict]] = {}
+    for c in cells:
+        grid.setdefault(c["scenario"], {})[c["strategy"]] = c
+    rows = [[scenario, *(_strategy_cell(by.get(n)) for n in names)] for scenario, by in grid.items()]
+    ok = [all(c["ok"] for c in by.values()) for by in grid.values()]
+    return ["scenario", *map(arm_label, names)], rows, ok
+
+
+def _strategy_cell(c: dict | None) -> str:
+    if c is None:
+        return "-"
+    verdict = "ok" if c["ok"] else "NOT OK"
+    if c.get("error"):
+        return f"error: {c['error']}, {verdict}"
+    return f"{c['stale_replays']}/{c['replays']} stale, {c['findings']} findings, {verdict}"
+
+
+def strategy_caption(strategies: dict | None) -> str:
+    cells = strategy_cells(strategies)
+    good = sum(c["ok"] for c in cells)
+    return (f"{good}/{len(cells)} cells as expected: `{WRONG_ARM}` must be caught (stale replays), "
+            f"every other strategy clean (no stale replay, no finding).")
+
+
+# ---- summary.md ---------------------------------------------------------------------------
+
+
+def _cell(text) -> str:
+    # A pipe ends a Markdown table cell and a newline ends the row; error messages can hold either.
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    lines = ["| " + " | ".join(_cell(h) for h in header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _partial_block(doc: dict) -> list[str]:
+    text = partial_text(doc)
+    if text is None:
+        return []
+    missing = not_run(doc)
+    lines = [f"**{_cell(text)}**"]
+    if missing:
+        lines += ["", "Not run: " + ", ".join(f"`{_cell(n)}`" for n in missing)]
+    return lines
+
+
+def _scenario_block(doc: dict) -> list[str]:
+    if not doc["scenarios"]:
+        return []
     rows = []
     for s in doc["scenarios"]:
         mark = "" if s["met"] else " ❌"
         rows.append([f"{s['name']}{mark}", s["expect"], observed_text(s), stale_text(s), len(s["findings"])])
-    lines += _table(["scenario", "expected", "observed", "stale rate", "findings"], rows)
+    return _table(["scenario", "expected", "observed", "stale rate", "findings"], rows)
+
+
+def _matrix_block(doc: dict) -> list[str]:
     matrix = matrix_rows(doc.get("mutants"))
-    if matrix:
-        mutants = [m for m in matrix if m["role"] == "mutant"]
-        correct = [m for m in matrix if m["role"] == "correct"]
-        killed = sum(m["outcome"] == "killed" for m in mutants)
-        clean = sum(m["outcome"] == "clean" for m in correct)
-        lines += ["", f"**Kill matrix**: {killed}/{len(mutants)} mutants killed, "
-                      f"{clean}/{len(correct)} correct variants clean", ""]
-        lines += _table(["scenario", "role", "outcome", "stale rate", "findings"],
-                        [[m["name"], m["role"], m["outcome"], f"{m['stale_rate']:.1%}", m["findings"]]
-                         for m in matrix])
-    return "\n".join(lines) + "\n"
+    if not matrix:
+        return []
+    mutants = [m for m in matrix if m["role"] == "mutant"]
+    correct = [m for m in matrix if m["role"] == "correct"]
+    killed = sum(m["outcome"] == "killed" for m in mutants)
+    clean = sum(m["outcome"] == "clean" for m in correct)
+    lines = [f"**Kill matrix**: {killed}/{len(mutants)} mutants killed, "
+             f"{clean}/{len(correct)} correct variants clean", ""]
+    return lines + _table(["scenario", "role", "outcome", "stale rate", "findings"],
+                          [[m["name"], m["role"], m["outcome"], f"{m['stale_rate']:.1%}", m["findings"]]
+                           for m in matrix])
+
+
+def _strategy_block(doc: dict) -> list[str]:
+    strategies = doc.get("strategies")
+    if not strategy_cells(strategies):
+        return []
+    header, rows, ok = strategy_table(strategies)
+    marked = [[f"{r[0]}{'' if good else ' ❌'}", *r[1:]] for r, good in zip(rows, ok, strict=True)]
+    return [f"**Strategy check**: {strategy_caption(strategies)}", "", *_table(header, marked)]
+
+
+def _bench_block(doc: dict) -> list[str]:
+    bench = doc.get("bench")
+    if not bench_points(bench):
+        return []
+    header, rows = bench_table(bench)
+    return [f"**Fence cost**: {bench_caption(bench)}", "", *_table(header, rows)]
+
+
+def render_summary(doc: dict) -> str:
+    blocks = [[f"**fence-harness** · {_cell(headline(doc))}"], _partial_block(doc), _strategy_block(doc),
+              _scenario_block(doc), _matrix_block(doc), _bench_block(doc)]
+    return "\n\n".join("\n".join(b) for b in blocks if b) + "\n"
 
 
 def write_summary(doc: dict, path: Path) -> Path:

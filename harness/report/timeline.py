@@ -1,8 +1,7 @@
 """A scenario's stream timeline as a Chrome trace (the JSON Perfetto and chrome://tracing open).
 
-One process, one thread per stream (named by thread_name metadata, ordered as the streams first
-appear), one complete ("X") event per span with timestamps in microseconds, which is the
-format's own unit.
+One process, one thread per stream (named by thread_name metadata, in `stream_order`), one
+complete ("X") event per span with timestamps in microseconds, which is the format's own unit.
 """
 
 from __future__ import annotations
@@ -16,6 +15,15 @@ from harness.report.results import write_atomic
 
 PID = 1
 _LAYER = re.compile(r"\bL(\d+)\b")
+LEADING_STREAMS = ("forward", "load")  # the work under test, then the load-back it must wait for
+
+
+def stream_order(spans: list[dict]) -> list[str]:
+    """The streams of a timeline, top to bottom: forward, then load, then any other (the
+    capture side stream, the host) in order of first appearance. Every timeline of a report
+    reads the same way, whichever stream happened to act first."""
+    seen = list(dict.fromkeys(s["stream"] for s in spans))
+    return [s for s in LEADING_STREAMS if s in seen] + [s for s in seen if s not in LEADING_STREAMS]
 
 
 def span_layer(span: dict) -> int | None:
@@ -51,7 +59,7 @@ def stale_marks(timeline: dict) -> list[bool]:
 def chrome_trace(timeline: dict, name: str = "fence-harness") -> dict:
     spans = timeline["spans"]
     stale = set(timeline.get("stale_layers") or [])
-    tids = {stream: i + 1 for i, stream in enumerate(dict.fromkeys(s["stream"] for s in spans))}
+    tids = {stream: i + 1 for i, stream in enumerate(stream_order(spans))}
     events: list[dict] = [{"name": "process_name", "ph": "M", "pid": PID, "tid": 0, "args": {"name": name}}]
     for stream, tid in tids.items():
         meta = {"ph": "M", "pid": PID, "tid": tid}
@@ -66,11 +74,10 @@ def chrome_trace(timeline: dict, name: str = "fence-harness") -> dict:
             "name": s["name"], "cat": s["kind"], "ph": "X", "pid": PID, "tid": tids[s["stream"]],
             "ts": s["start_us"], "dur": max(0.0, s["end_us"] - s["start_us"]), "args": args,
         })
-    return {
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {"clock": timeline["clock"], "stale_layers": sorted(stale)},
-    }
+    other = {"clock": timeline["clock"], "stale_layers": sorted(stale)}
+    if timeline.get("fault"):
+        other["fault"] = timeline["fault"]
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 
 def write_chrome_trace(timeline: dict, path: Path, name: str = "fence-harness") -> Path:

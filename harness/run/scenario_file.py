@@ -114,7 +114,8 @@ def load_file(path: str | Path) -> list[Scenario]:
     except FileNotFoundError:
         raise InputError(source, "", "no such file") from None
     except IsADirectoryError:
-        raise InputError(source, "", "is a directory, not a scenario file") from None
+        glob = str(Path(path) / "*.toml")
+        raise InputError(source, "", f"is a directory, not a scenario file; give its files: {glob}") from None
     except OSError as e:
         raise InputError(source, "", f"cannot read the file: {e.strerror}") from None
     try:
@@ -614,13 +615,17 @@ def _check_pools(model: ModelShape, batch: tuple[Request, ...], prefix: str) -> 
             f"(slot 0 is reserved) but mamba_slots = {model.mamba_slots}; raise "
             "mamba_slots or set it to 0 to size it from the batch",
         )
-    _check_device_bytes(
-        model, model.kv_slots or kv_needed, model.mamba_slots or mamba_needed, prefix
-    )
+    _check_device_bytes(model, batch, model.kv_slots or kv_needed, model.mamba_slots or mamba_needed, prefix)
 
 
-def _check_device_bytes(model: ModelShape, kv_slots: int, mamba_slots: int, prefix: str) -> None:
-    """Refuse shapes no test device holds, before anything tries to allocate them."""
+def _check_device_bytes(
+    model: ModelShape, batch: tuple[Request, ...], kv_slots: int, mamba_slots: int, prefix: str
+) -> None:
+    """Refuse shapes no test device holds, before anything tries to allocate them.
+
+    Pools sized from the batch (kv_slots / mamba_slots = 0) are the batch's: when the
+    model's own part fits and those push it past the limit, the batch is the key to fix.
+    """
     elem = ELEM_SIZE[model.dtype]
     parts = {
         "KV pool": len(model.attention_layers) * 2 * kv_slots * model.kv_heads
@@ -630,13 +635,16 @@ def _check_device_bytes(model: ModelShape, kv_slots: int, mamba_slots: int, pref
         "weights": model.num_layers * 12 * model.hidden * model.hidden * elem,
     }
     total = sum(parts.values())
-    if total > DEVICE_BYTES_LIMIT:
-        detail = ", ".join(f"{name} {_gib(size)}" for name, size in parts.items())
-        raise _Invalid(
-            f"{prefix}.model",
-            f"estimated device memory {_gib(total)} ({detail}) exceeds the "
-            f"{_gib(DEVICE_BYTES_LIMIT)} limit; shrink the model or the batch",
-        )
+    if total <= DEVICE_BYTES_LIMIT:
+        return
+    from_batch = (parts["KV pool"] if not model.kv_slots else 0) + (parts["Mamba pool"] if not model.mamba_slots else 0)
+    detail = ", ".join(f"{name} {_gib(size)}" for name, size in parts.items())
+    estimate = f"estimated device memory {_gib(total)} ({detail}) exceeds the {_gib(DEVICE_BYTES_LIMIT)} limit"
+    if total - from_batch <= DEVICE_BYTES_LIMIT:
+        tokens = sum(r.prefix + r.new for r in batch)
+        raise _Invalid(f"{prefix}.batch",
+                       f"{estimate}, with the pools sized from the batch's {tokens} tokens; shrink the batch")
+    raise _Invalid(f"{prefix}.model", f"{estimate}; shrink the model or the batch")
 
 
 def _gib(size: int) -> str:
