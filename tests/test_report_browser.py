@@ -27,7 +27,7 @@ from harness.report.schema import load
 
 ROOT = Path(__file__).resolve().parent.parent
 FULL = ROOT / "tests" / "data" / "report" / "results-full.json"
-LONG = ROOT / "reports" / "samples" / "gpu-test-h200x2" / "results.json"  # 36 scenarios, long names
+LONG = ROOT / "reports" / "samples" / "gpu-test-h200" / "results.json"  # 36 scenarios, long names
 WINDOW = (1400, 1000)
 BROWSER = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 

@@ -225,7 +225,7 @@ def test_only_reads_that_beat_their_copy_are_marked_stale():
 
 def test_the_committed_gpu_samples_validate_and_render():
     """reports/samples/*: real GPU runs (default set, kill matrix, benchmark) still read and render."""
-    for name in ("default-h200", "mutants-h200", "bench-h200", "gpu-test-h200x2"):
+    for name in ("default-h200", "mutants-h200", "bench-h200", "gpu-test-h200"):
         doc = load(ROOT / "reports" / "samples" / name / "results.json")  # load validates
         assert _images(render_html(doc)), name
 
@@ -296,8 +296,8 @@ def test_a_benchmark_summary_carries_its_numbers():
     assert ("| model | layers | prefix | load ms | compute ms | none (unfenced: wrong) | final_event "
             "| layerwise_graph | host_sync | eager_fallback |") in lines
     # Median (p10–p90) and the ratio to the bound, per arm; the sweep's shared point once.
-    assert ("| attention | 8 | 512 | 0.44 | 1.10 | 1.45 (1.38–1.64) ×1.32 | 1.50 (1.48–1.64) ×1.36 "
-            "| 1.54 (1.46–1.76) ×1.41 | 1.52 (1.49–1.65) ×1.38 | 4.37 (3.39–5.86) ×3.98 |") in lines
+    assert ("| attention | 8 | 512 | 0.43 | 1.10 | 1.32 (1.29–1.48) ×1.20 | 1.50 (1.49–1.55) ×1.36 "
+            "| 1.38 (1.35–1.55) ×1.25 | 1.55 (1.53–1.62) ×1.41 | 3.64 (3.23–5.83) ×3.30 |") in lines
     assert sum(line.startswith("| attention | 8 | 2048 |") for line in lines) == 1
     assert len([line for line in lines if line.startswith(("| attention", "| hybrid"))]) == 14
     assert "| scenario |" not in text
@@ -314,7 +314,7 @@ def test_the_benchmark_page_has_its_table_right_after_the_plot():
     section = page[page.index("<h2>Fence cost</h2>"):]
     assert section.index("<img") < section.index('<table class="bench">')
     assert section.count("<tr") == 1 + 14
-    assert "1.45 (1.38–1.64)<br><small>×1.32</small>" in section
+    assert "1.32 (1.29–1.48)<br><small>×1.20</small>" in section
     assert "<h2>Scenarios</h2>" not in page
 
 
