@@ -1,8 +1,9 @@
 """Happens-before between streams: one vector clock per stream.
 
 The model is PyTorch's `torch/cuda/_sanitizer.py` (StreamSynchronizations). The
-simulator uses it to decide whether a pending copy is ordered before a pool
-access; the happens-before analyser uses it to find unordered pairs in a trace.
+happens-before analyser (`harness.records.analysis`) uses it to find unordered pairs
+in an op list. (The simulator needs none: it runs the ops in virtual time, where
+whatever is ordered is also later.)
 
 - work on a stream is stamped with (stream, the stream's current epoch);
 - record: the event keeps a copy of the stream's clock, then the stream ticks,
@@ -84,17 +85,6 @@ class StreamClocks:
         for sid in self._clocks:
             self._clocks[sid] = dict(merged)
             self._tick(sid)
-
-    def forget(self, live: set[StreamId]) -> None:
-        """Drop the streams not in `live`, right after a host sync (their work is all done).
-
-        Without this a long run on one device keeps every stream it ever made in every
-        clock, and each host sync grows with all of them.
-        """
-        self._clocks = {sid: c for sid, c in self._clocks.items() if sid in live}
-        for c in [self._floor, *self._clocks.values()]:
-            for sid in [s for s in c if s not in live]:
-                del c[sid]
 
     def ordered(self, sid: StreamId, stamp: Stamp) -> bool:
         """Is work stamped `stamp` ordered before work enqueued on `sid` now?"""

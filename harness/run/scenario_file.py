@@ -203,12 +203,6 @@ def _number(value: Any, key: str) -> float:
     return float(value)
 
 
-def _boolean(value: Any, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise _Invalid(key, f"expected true or false, got {_describe(value)}")
-    return value
-
-
 def _string(value: Any, key: str, wanted: str) -> str:
     if not isinstance(value, str):
         raise _Invalid(key, f"expected {wanted}, got {_describe(value)}")
