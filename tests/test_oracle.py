@@ -41,7 +41,7 @@ def planted(t: torch.Tensor) -> ProbeSet:
 
 
 def judge(oracle: Oracle, p: ProbeSet) -> ReplayVerdict:
-    return oracle.verdict(oracle.stale_mask(p.arena).cpu())
+    return oracle.judge(p.arena)
 
 
 @pytest.fixture
@@ -137,8 +137,8 @@ def test_truth_of_wrong_size_raises():
 
 
 def verdict(*layers: int, fraction_units: int = 1) -> ReplayVerdict:
-    slots = frozenset((lid, "k", 4 + i) for lid in layers for i in range(fraction_units))
-    return ReplayVerdict(len(slots), 10, frozenset(layers), frozenset({"k"}), slots)
+    n = len(layers) * fraction_units
+    return ReplayVerdict(n, 10, stale_reads=n, layers=frozenset(layers), pools=frozenset({"k"}))
 
 
 def test_tally_aggregates_rates_and_layer_counts():

@@ -297,6 +297,17 @@ class Device(abc.ABC):
     def synchronize(self, timeout_s: float = 30.0) -> None:
         """Wait for all streams; raise ReplayTimeout instead of hanging."""
 
+    def join(self, stream: _Stream) -> None:
+        """Later work on `stream` waits for all work enqueued so far on every stream the harness
+        made: a device-side synchronize, for that stream only (the host does not block)."""
+        for other in self._made_streams():
+            if other is not stream:
+                stream.wait_stream(other)
+
+    @abc.abstractmethod
+    def _made_streams(self) -> Sequence[_Stream]:
+        """The streams made with `Stream()` that are still in use, in the order they were made."""
+
     @abc.abstractmethod
     def empty_host(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """Host memory the device copies from asynchronously (pinned on CUDA)."""

@@ -342,6 +342,9 @@ class CudaDevice(Device):
     def empty_host(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(tuple(shape), dtype=dtype, pin_memory=True)
 
+    def _made_streams(self) -> Sequence[CudaStream]:
+        return sorted(self._owned, key=lambda s: s.id)
+
     def describe(self) -> dict:
         d = super().describe()
         props = torch.cuda.get_device_properties(self.torch_device)

@@ -446,6 +446,9 @@ class SimDevice(Device):
     def empty_host(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(tuple(shape), dtype=dtype)
 
+    def _made_streams(self) -> Sequence[SimStream]:
+        return sorted(self._streams, key=lambda s: s.id)
+
     def describe(self) -> dict:
         d = super().describe()
         d["costs"] = self.costs.__dict__.copy()

@@ -212,7 +212,7 @@ def _describe_verdict(i: int, v: ReplayVerdict) -> str:
     parts = [f"replay {i:4d}: STALE"]
     if v.layers:
         parts.append(f"read layers {sorted(v.layers)} pools {sorted(v.pools)} "
-                     f"slots {len(v.slots)}/{v.read_units} ({v.read_fraction:.0%})")
+                     f"slots {v.stale_reads}/{v.read_units} ({v.read_fraction:.0%})")
     if v.final_state_layers:
         parts.append(f"post-prefill Mamba state differs at layers {sorted(v.final_state_layers)}")
     if v.output_differs:

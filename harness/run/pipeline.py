@@ -94,7 +94,7 @@ def run_scenario(
     replay: Replayer | None
     ended = False
     try:
-        tb = Testbed(scenario, dev)
+        tb = Testbed(scenario, dev, timeout_s)
         oracle = ground_truth(tb, timeout_s)
         tb.set_waits(tb.accessor)
         tb.setup_fence()
@@ -121,8 +121,7 @@ def run_scenario(
         try:
             for us, point_fault in points:
                 point = SweepPoint(us, Tally())
-                for i in range(n):
-                    verdict = replay(i, point_fault)
+                for i, verdict in enumerate(replay.replays(range(n), point_fault)):
                     result.tally.add(verdict)
                     point.tally.add(verdict)
                     if on_replay:

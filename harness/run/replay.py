@@ -12,14 +12,22 @@ One replay, on the forward stream:
 4. the forward (a graph replay, graph segments, or eager steps);
 5. the hazard's work after the forward (write-after-read: the next batch's load);
 6. the gate opens (once the forward has run, or after `hold_us` when a correct fence
-   keeps it waiting), and the host synchronizes: the whole device is quiet;
-7. the harness's observation, only then (so a copy that no event covers cannot hide):
-   collect the post-prefill state, compare the arena with ground truth on the device,
-   and synchronize once more to read the answer.
+   keeps it waiting);
+7. the harness's observation: the forward stream first waits for every stream the
+   harness made (`Device.join`: the whole device's work so far, so a copy that no event
+   covers cannot hide), then collects the post-prefill state and compares the arena with
+   ground truth into this replay's row of a batch, all on the device.
+
+Replays are checked in batches: the host enqueues replay after replay while the device
+runs them (as an engine's scheduler runs ahead of a busy GPU), and synchronises once per
+batch to read every row; each verdict is still its own replay's. So a replay's load op and
+forward start together on the device, once the previous replay's observation is done. A
+gate needs the host once per replay, so a gated scenario's batch is one replay.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -165,14 +173,21 @@ class _NoGate(_Gating):
 
 
 class _Observer:
-    """The harness's own look at a replay: poison the probes first; at the end, once the host
-    has synchronized (every stream's work has landed, so it hides no copy), collect and compare
-    on the device, and synchronize to read the answer."""
+    """The harness's own look at a replay: poison the probes first; at the end, once the forward
+    stream has joined every stream (every copy enqueued so far has landed before it looks),
+    collect and compare on the device into the replay's row of the batch."""
 
-    def __init__(self, tb: Testbed, oracle: Oracle):
+    # Device memory for a batch's unit masks: a batch is as many replays as fit, at most MAX_BATCH.
+    MASK_BYTES = 64 << 20
+    MAX_BATCH = 64
+
+    def __init__(self, tb: Testbed, oracle: Oracle, batch: int):
         self.tb, self.oracle = tb, oracle
-        self.mask = tb.dev.empty_host((len(oracle.units),), torch.bool)  # pinned on CUDA
-        self.mask.zero_()
+        units = max(1, len(oracle.units))
+        self.batch = max(1, min(batch, self.MAX_BATCH, self.MASK_BYTES // units))
+        device = oracle.truth.device
+        self.masks = torch.zeros((self.batch, units), dtype=torch.bool, device=device)
+        self.counts = torch.zeros((self.batch, len(oracle.groups)), dtype=torch.int32, device=device)
 
     def before(self) -> None:
         tb = self.tb
@@ -181,13 +196,18 @@ class _Observer:
             arena, value = tb.model.probes.arena, tb.scenario.poison
             tb.dev.launch(lambda: arena.fill_(value), what="poison probes")
 
-    def after(self, timeout_s: float) -> None:
-        tb, oracle, mask = self.tb, self.oracle, self.mask
+    def after(self, row: int) -> None:
+        tb, oracle = self.tb, self.oracle
+        mask, counts = self.masks[row], self.counts[row]
         with tb.dev.stream(tb.forward), tb.dev.harness_work():
+            tb.dev.join(tb.forward)
             tb.model.collect_final_state()
             arena = tb.model.probes.arena
-            tb.dev.launch(lambda: mask.copy_(oracle.stale_mask(arena), non_blocking=True), what="compare")
-        tb.dev.synchronize(timeout_s)
+            tb.dev.launch(lambda: oracle.compare(arena, mask, counts), what="compare")
+
+    def read(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first `rows` rows (group counts, unit masks), on the host; after a synchronize."""
+        return self.counts[:rows].cpu(), self.masks[:rows].cpu()
 
 
 class _Unobserved(_Observer):
@@ -195,11 +215,12 @@ class _Unobserved(_Observer):
 
     def __init__(self, tb: Testbed):
         self.tb = tb
+        self.batch = 1
 
     def before(self) -> None:
         pass
 
-    def after(self, timeout_s: float) -> None:
+    def after(self, row: int) -> None:
         pass
 
 
@@ -212,22 +233,50 @@ class Replayer:
     """
 
     def __init__(self, tb: Testbed, runner: Runner, timeout_s: float, gate: Gate | None = None,
-                 oracle: Oracle | None = None):
+                 oracle: Oracle | None = None, batch: int = _Observer.MAX_BATCH):
         self.tb, self.runner, self.timeout_s = tb, runner, timeout_s
         self.gating = _Gating(tb, gate) if gate is not None else _NoGate()
-        self.observer = _Observer(tb, oracle) if oracle is not None else _Unobserved(tb)
+        # A gate is opened by the host after each replay's forward: one replay per batch.
+        batch = 1 if gate is not None else batch
+        self.observer = _Observer(tb, oracle, batch) if oracle is not None else _Unobserved(tb)
         self.oracle = oracle
         self.other_load = tb.other_load()
 
     def __call__(self, i: int, fault: Fault) -> ReplayVerdict:
         """One observed replay (index i; -1 is the traced one) and its verdict."""
+        return next(self.replays([i], fault))
+
+    def replays(self, indices: Iterable[int], fault: Fault) -> Iterator[ReplayVerdict]:
+        """Observed replays, in order, a verdict each; enqueued a batch at a time, read with one
+        host synchronisation per batch."""
         assert self.oracle is not None
-        self.run(i, fault)
-        return self.oracle.verdict(self.observer.mask)
+        pending: list[int] = []
+        for i in indices:
+            self._enqueue(i, fault, row=len(pending))
+            pending.append(i)
+            if len(pending) == self.observer.batch:
+                yield from self._drain(pending)
+                pending = []
+        if pending:
+            yield from self._drain(pending)
+
+    def _drain(self, pending: list[int]) -> Iterator[ReplayVerdict]:
+        self.tb.dev.synchronize(self.timeout_s)  # bounded: a hung replay is an error, not a hang
+        self.gating.check(pending[0])  # a gated batch is that one replay
+        counts, masks = self.observer.read(len(pending))
+        assert self.oracle is not None
+        for row in range(len(pending)):
+            yield self.oracle.verdict(counts[row], masks[row])
 
     def run(self, i: int, fault: Fault, marks: Marks = UNMARKED, *, load: bool = True) -> None:
-        """One replay, from the slots' preparation to the host synchronize (`load=False`: the
-        forward with no load pending, the benchmark's compute bound)."""
+        """One replay, synchronized (the benchmark; `load=False`: the forward with no load
+        pending, its compute bound)."""
+        self._enqueue(i, fault, marks, load=load)
+        self.tb.dev.synchronize(self.timeout_s)
+        self.gating.check(i)
+
+    def _enqueue(self, i: int, fault: Fault, marks: Marks = UNMARKED, *, load: bool = True, row: int = 0) -> None:
+        """One replay, from the slots' preparation to its observation, enqueued."""
         tb, dev, gating = self.tb, self.tb.dev, self.gating
         plan = FaultPlan(fault, i)
         with dev.stream(tb.forward):
@@ -242,10 +291,8 @@ class Replayer:
             gating.after_forward()
             racing = tb.hazard.after_forward(tb.bed, plan, self.other_load)
         gating.open(op, racing)
-        dev.synchronize(self.timeout_s)  # the whole device quiet
-        gating.check(i)
-        self.observer.after(self.timeout_s)
-        tb.counter.set_consumer(-1)  # the host saw everything land: the load's slots are released
+        self.observer.after(row)
+        tb.counter.set_consumer(-1)  # the batch has run: the load's slots are the scheduler's again
 
     def _fenced(self, i: int, op: LoadOp | None) -> Runner:
         tb = self.tb

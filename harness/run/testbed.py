@@ -17,6 +17,7 @@ from harness.protocol.layout import plan_layout, prefix_regions
 from harness.protocol.loadback import CopyPlan, LayerDoneCounter, plan_copies
 from harness.protocol.pools import HostPool, HybridPool
 from harness.protocol.schedules import LayerListener, LoadOp, Schedule, start_loading
+from harness.records.errors import ReplayTimeout
 from harness.records.faults import FaultPlan
 from harness.records.scenario import Backend, FaultKind, Scenario
 from harness.run.plugins import Kind, fence_for_scenario, resolve
@@ -31,10 +32,10 @@ class Testbed:
 
     __test__ = False  # not a pytest test class, whatever its name
 
-    def __init__(self, scenario: Scenario, dev: Device):
+    def __init__(self, scenario: Scenario, dev: Device, timeout_s: float = 30.0):
         torch.manual_seed(scenario.seed)
         s = scenario
-        self.scenario, self.dev = s, dev
+        self.scenario, self.dev, self.timeout_s = s, dev, timeout_s
         self.layout = layout = plan_layout(s.model, s.batch)
         self.pool = HybridPool(dev, layout)
         self.host = HostPool(dev, layout, s.seed)
@@ -58,10 +59,24 @@ class Testbed:
     def start_load(self, plan: FaultPlan, *, schedule: Schedule | None = None, gate: Any = None,
                    copies: CopyPlan | None = None) -> LoadOp:
         """Enqueue a load op (on the forward stream, as the engine does); the batch carries its index."""
+        self._wait_for_free_slot()
         op = start_loading(self.dev, self.counter, self.load, self.copies if copies is None else copies, plan,
                            self.layout, schedule or self.schedule, gate, self.listeners)
         self.counter.set_consumer(op.index)
         return op
+
+    def _wait_for_free_slot(self) -> None:
+        """Block the host until the ring slot the next load op takes has finished its last load.
+
+        The engine asserts it (`update_producer`): its scheduler reuses an event set only after
+        the host has polled that set's final event. The replay loop runs ahead of the device by
+        a batch of replays, so it waits here as the scheduler would.
+        """
+        c = self.counter
+        events = c.events[(c.producer_index + 1) % len(c.events)]
+        if not self.dev.host_wait(events.finish_event, self.timeout_s):
+            raise ReplayTimeout(f"a load op's event set was still in use after {self.timeout_s:g}s "
+                                "(a hung replay or a load stream that never ran)")
 
     def other_load(self, schedule: Schedule | None = None):
         """load(copies, plan) for a hazard: another batch's load op, this batch's index kept."""
