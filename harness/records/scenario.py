@@ -44,6 +44,15 @@ class Hazard(NamedEnum):
     WAR = "war"  # write-after-read: the next batch's load-back overwrites slots a replay still reads
 
 
+class Pace(NamedEnum):
+    """When a replay starts on the device, relative to the one before it."""
+
+    QUEUED = "queued"  # the host runs ahead: a replay's load and forward start together, as
+    # soon as the previous replay is done (a busy GPU, as an engine under load sees it)
+    IDLE = "idle"  # the device is quiet when the host starts each replay's load, so the load
+    # gets a head start of the host's own enqueue time (a lightly loaded engine)
+
+
 class DelayWhere(NamedEnum):
     EACH = "each"  # before every layer's copy
     FIRST = "first"  # before layer 0's copy only
@@ -177,6 +186,7 @@ class Scenario:
     accessor: str = "per_layer"  # the pool accessors' wait policy (name or plugin)
     schedule: str = "layerwise"  # the load-back schedule (name or plugin)
     hazard: Hazard = Hazard.RAW
+    pace: Pace = Pace.QUEUED
     engine: str | None = None  # "sglang": the engine's own counter (and fences "engine*")
     fault: Fault = field(default_factory=Fault)
     # For expect = race: the evidence the race must show (None: any). "data" is for a

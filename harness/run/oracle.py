@@ -2,9 +2,10 @@
 
 Everything the forward read from the pools (per-layer probes), the post-prefill
 Mamba state and the output sit in one flat arena whose rows are *units*
-(`harness.model.arena`). Comparing runs on the device: an elementwise test, an
-`index_add_` into per-unit counts, and one more into per-*group* counts (a group is
-the units of one kind, layer and pool). The replay loop keeps both for a batch of
+(`harness.model.arena`). Comparing runs on the device: each segment, viewed as
+[units, unit size], is tested elementwise and reduced per row into a unit mask, and a
+prefix sum of the mask gives per-*group* counts (a group is a run of units of one kind,
+layer and pool). The replay loop keeps both for a batch of
 replays and reads them with one host synchronisation; a verdict is built from its
 replay's few group counts, and the unit mask is localised to slots only when asked
 (`ReplayVerdict.slots`): the Python that walked every stale unit of every replay
@@ -71,42 +72,55 @@ class Oracle:
         device = truth.device
         self.truth = truth
         self.tolerance = tolerance
-        # Per segment, not per unit: a serving shape has hundreds of thousands of units.
-        sizes = torch.tensor([seg.unit_size for seg in arena.segments], dtype=torch.long)
-        counts = torch.tensor([len(seg.units) for seg in arena.segments], dtype=torch.long)
-        unit_sizes = torch.repeat_interleave(sizes, counts).to(device)
-        self._unit_of_elem = torch.repeat_interleave(torch.arange(len(self.units), device=device), unit_sizes)
-        # Probes are copies of pool memory: always exact. Tolerance covers computed values.
-        computed = torch.tensor([seg.units[0].kind != READ if seg.units else False for seg in arena.segments])
-        self._tolerant = torch.repeat_interleave(torch.repeat_interleave(computed, counts).to(device), unit_sizes)
-        index: dict[Group, int] = {}
-        of_unit = [index.setdefault((u.kind, u.layer, u.pool), len(index)) for u in self.units]
-        self.groups: list[Group] = list(index)
-        self._group_of_unit = torch.tensor(of_unit, dtype=torch.long).to(device)
+        # Units are rows of equal size within a segment: compare a segment as a [units, size]
+        # view and reduce each row (no atomics; a serving shape has hundreds of thousands).
+        self._segments: list[tuple[slice, slice, int, bool]] = []  # elements, units, unit size, tolerant
+        at = u = 0
+        for seg in arena.segments:
+            n = len(seg.units)
+            if n:
+                tolerant = seg.units[0].kind != READ  # probes copy pool memory: always exact
+                self._segments.append((slice(at, at + seg.size), slice(u, u + n), seg.unit_size, tolerant))
+            at, u = at + seg.size, u + n
+        # Groups: maximal runs of units of one (kind, layer, pool), counted from a prefix sum.
+        self.groups: list[Group] = []
+        starts: list[int] = []
+        for i, unit in enumerate(self.units):
+            key = (unit.kind, unit.layer, unit.pool)
+            if not self.groups or self.groups[-1] != key:
+                self.groups.append(key)
+                starts.append(i)
+        self._starts = torch.tensor(starts, dtype=torch.long, device=device)
+        self._ends = torch.tensor([*starts[1:], len(self.units)], dtype=torch.long, device=device)
         self.read_units = sum(u.kind == READ for u in self.units)
 
     def stale_mask(self, arena: torch.Tensor) -> torch.Tensor:
         """Device-side: which units differ from ground truth (NaN always differs)."""
-        diff = arena != self.truth
-        if not self.tolerance.exact:
-            loose = ~torch.isclose(
-                arena.float(), self.truth.float(), rtol=self.tolerance.rtol, atol=self.tolerance.atol
-            )
-            diff = torch.where(self._tolerant, loose, diff)
-        counts = torch.zeros(len(self.units), device=arena.device, dtype=torch.int32)
-        counts.index_add_(0, self._unit_of_elem, diff.int())
-        return counts > 0
+        mask = torch.zeros(len(self.units), dtype=torch.bool, device=arena.device)
+        self._mask_into(arena, mask)
+        return mask
+
+    def _mask_into(self, arena: torch.Tensor, mask: torch.Tensor) -> None:
+        tol = self.tolerance
+        for elems, units, size, tolerant in self._segments:
+            got = arena[elems].view(-1, size)
+            want = self.truth[elems].view(-1, size)
+            if tolerant and not tol.exact:
+                differs = ~torch.isclose(got.float(), want.float(), rtol=tol.rtol, atol=tol.atol)
+            else:
+                differs = got != want
+            torch.any(differs, dim=1, out=mask[units])
 
     def group_counts(self, mask: torch.Tensor) -> torch.Tensor:
         """Device-side: stale units per group, from a unit mask."""
-        out = torch.zeros(len(self.groups), device=mask.device, dtype=torch.int32)
-        return out.index_add_(0, self._group_of_unit, mask.int())
+        total = torch.zeros(len(self.units) + 1, dtype=torch.int32, device=mask.device)
+        torch.cumsum(mask, 0, dtype=torch.int32, out=total[1:])
+        return total[self._ends] - total[self._starts]
 
     def compare(self, arena: torch.Tensor, mask_out: torch.Tensor, counts_out: torch.Tensor) -> None:
         """Device-side: the unit mask and the group counts of `arena`, into the two rows given."""
-        mask = self.stale_mask(arena)
-        mask_out.copy_(mask)
-        counts_out.copy_(self.group_counts(mask))
+        self._mask_into(arena, mask_out)
+        counts_out.copy_(self.group_counts(mask_out))
 
     def verdict(self, counts: torch.Tensor, mask: torch.Tensor | None = None) -> ReplayVerdict:
         """Host-side: a verdict from one replay's group counts (CPU), its unit mask kept for `slots`."""

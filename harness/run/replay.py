@@ -21,8 +21,10 @@ One replay, on the forward stream:
 Replays are checked in batches: the host enqueues replay after replay while the device
 runs them (as an engine's scheduler runs ahead of a busy GPU), and synchronises once per
 batch to read every row; each verdict is still its own replay's. So a replay's load op and
-forward start together on the device, once the previous replay's observation is done. A
-gate needs the host once per replay, so a gated scenario's batch is one replay.
+forward start together on the device, once the previous replay's observation is done
+(`pace = "queued"`, the default). With `pace = "idle"` every replay starts on a quiet device,
+and the load gets a head start of the host's own enqueue time; a gate needs the host once
+per replay too. Those run one replay per batch.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from harness.records.errors import (
     ReplayTimeout,
 )
 from harness.records.faults import FaultPlan, gate_fallback
-from harness.records.scenario import Fault, FaultKind
+from harness.records.scenario import Fault, FaultKind, Pace
 from harness.run.oracle import Oracle, ReplayVerdict
 from harness.run.testbed import Testbed
 
@@ -236,8 +238,10 @@ class Replayer:
                  oracle: Oracle | None = None, batch: int = _Observer.MAX_BATCH):
         self.tb, self.runner, self.timeout_s = tb, runner, timeout_s
         self.gating = _Gating(tb, gate) if gate is not None else _NoGate()
-        # A gate is opened by the host after each replay's forward: one replay per batch.
-        batch = 1 if gate is not None else batch
+        # A gate is opened by the host after each replay's forward, and an idle pace starts each
+        # replay on a quiet device: one replay per batch.
+        if gate is not None or tb.scenario.pace is Pace.IDLE:
+            batch = 1
         self.observer = _Observer(tb, oracle, batch) if oracle is not None else _Unobserved(tb)
         self.oracle = oracle
         self.other_load = tb.other_load()
