@@ -60,6 +60,15 @@ class ReplayVerdict:
                          if (u := units[i]).kind == READ)
 
 
+def _word(t: torch.Tensor, row: int) -> torch.dtype:
+    """The widest integer type a row of `row` elements of `t` (and its start) divides into."""
+    nbytes, offset = row * t.element_size(), t.storage_offset() * t.element_size()
+    for word in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        if nbytes % word.itemsize == 0 and offset % word.itemsize == 0:
+            return word
+    return torch.uint8
+
+
 class Oracle:
     """Holds ground truth and the unit map; turns an arena into counts, and counts into a verdict."""
 
@@ -74,13 +83,13 @@ class Oracle:
         self.tolerance = tolerance
         # Units are rows of equal size within a segment: compare a segment as a [units, size]
         # view and reduce each row (no atomics; a serving shape has hundreds of thousands).
-        self._segments: list[tuple[slice, slice, int, bool]] = []  # elements, units, unit size, tolerant
+        self._segments: list[tuple[slice, slice, int, bool]] = []  # elements, units, unit size, computed
         at = u = 0
         for seg in arena.segments:
             n = len(seg.units)
             if n:
-                tolerant = seg.units[0].kind != READ  # probes copy pool memory: always exact
-                self._segments.append((slice(at, at + seg.size), slice(u, u + n), seg.unit_size, tolerant))
+                computed = seg.units[0].kind != READ
+                self._segments.append((slice(at, at + seg.size), slice(u, u + n), seg.unit_size, computed))
             at, u = at + seg.size, u + n
         # Groups: maximal runs of units of one (kind, layer, pool), counted from a prefix sum.
         self.groups: list[Group] = []
@@ -92,6 +101,7 @@ class Oracle:
                 starts.append(i)
         self._starts = torch.tensor(starts, dtype=torch.long, device=device)
         self._ends = torch.tensor([*starts[1:], len(self.units)], dtype=torch.long, device=device)
+        self._running = torch.zeros(len(self.units) + 1, dtype=torch.int32, device=device)  # [0] stays 0
         self.read_units = sum(u.kind == READ for u in self.units)
 
     def stale_mask(self, arena: torch.Tensor) -> torch.Tensor:
@@ -102,25 +112,35 @@ class Oracle:
 
     def _mask_into(self, arena: torch.Tensor, mask: torch.Tensor) -> None:
         tol = self.tolerance
-        for elems, units, size, tolerant in self._segments:
-            got = arena[elems].view(-1, size)
-            want = self.truth[elems].view(-1, size)
-            if tolerant and not tol.exact:
-                differs = ~torch.isclose(got.float(), want.float(), rtol=tol.rtol, atol=tol.atol)
+        for elems, units, size, computed in self._segments:
+            got, want = arena[elems], self.truth[elems]
+            if computed and not tol.exact:
+                rows = ~torch.isclose(got.float(), want.float(), rtol=tol.rtol, atol=tol.atol).view(-1, size)
+            elif computed:
+                rows = (got != want).view(-1, size)
             else:
-                differs = got != want
-            torch.any(differs, dim=1, out=mask[units])
+                # A probe is a copy of pool memory, so fresh is bit for bit: compare the bits, in the
+                # widest words a row divides into (fewer, wider elements to test and reduce).
+                word = _word(got, size)
+                rows = got.view(word).view(-1, size * got.element_size() // word.itemsize) != want.view(word).view(
+                    -1, size * got.element_size() // word.itemsize)
+            torch.any(rows, dim=1, out=mask[units])
 
     def group_counts(self, mask: torch.Tensor) -> torch.Tensor:
         """Device-side: stale units per group, from a unit mask."""
-        total = torch.zeros(len(self.units) + 1, dtype=torch.int32, device=mask.device)
-        torch.cumsum(mask, 0, dtype=torch.int32, out=total[1:])
-        return total[self._ends] - total[self._starts]
+        out = torch.empty(len(self.groups), dtype=torch.int32, device=mask.device)
+        self._counts_into(mask, out)
+        return out
+
+    def _counts_into(self, mask: torch.Tensor, out: torch.Tensor) -> None:
+        running = self._running
+        torch.cumsum(mask, 0, dtype=torch.int32, out=running[1:])
+        torch.sub(running[self._ends], running[self._starts], out=out)
 
     def compare(self, arena: torch.Tensor, mask_out: torch.Tensor, counts_out: torch.Tensor) -> None:
         """Device-side: the unit mask and the group counts of `arena`, into the two rows given."""
         self._mask_into(arena, mask_out)
-        counts_out.copy_(self.group_counts(mask_out))
+        self._counts_into(mask_out, counts_out)
 
     def verdict(self, counts: torch.Tensor, mask: torch.Tensor | None = None) -> ReplayVerdict:
         """Host-side: a verdict from one replay's group counts (CPU), its unit mask kept for `slots`."""
