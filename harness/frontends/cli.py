@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument(f"--{kind.value}", metavar="NAME", dest=kind.value,
                             help=f"{kind.value} for every scenario: a built-in name or package.module:callable")
         sp.add_argument("--engine", choices=ENGINES,
-                        help="run on an installed engine's own load-back counter (fences engine / engine_reverted)")
+                        help="run on an installed engine's own code (its fences engine_execute / engine_execute_nowait)")
 
     run = sub.add_parser("run", help="run scenario files (default: scenarios/*.toml)")
     run.add_argument("files", nargs="*", type=Path, help="scenario TOML files")

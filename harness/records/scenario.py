@@ -177,7 +177,10 @@ class Scenario:
     accessor: str = "per_layer"  # the pool accessors' wait policy (name or plugin)
     schedule: str = "layerwise"  # the load-back schedule (name or plugin)
     hazard: Hazard = Hazard.RAW
-    engine: str | None = None  # "sglang": the engine's own counter (and fences "engine*")
+    engine: str | None = None  # "sglang": the engine's own code (and its fences "engine_*")
+    # (version range, expectation) as the file wrote them; `expect` is the one the installed
+    # release of `engine` falls in (see harness.records.releases). Empty: `expect` as given.
+    expect_by_release: tuple[tuple[str, str], ...] = ()
     fault: Fault = field(default_factory=Fault)
     # For expect = race: the evidence the race must show (None: any). "data" is for a
     # scenario meant to show the data going wrong, not only the missing ordering.
