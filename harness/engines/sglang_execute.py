@@ -38,8 +38,6 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-import torch
-
 from harness.engines import sglang as eng
 from harness.records.errors import EngineContractBroken
 from harness.records.scenario import Backend
@@ -198,6 +196,8 @@ def _configure(runner: Any, runner_mod: Any, batch_mod: Any, layer_model: Any) -
 
 def _forward_batch(batch_mod: Any, model: Any) -> Any:
     """The engine's own ForwardBatch for the harness's batch: one extend of every request."""
+    import torch  # here: the command line imports this module and must start without torch
+
     layout = model.layout
     reqs = layout.requests
     seq = [len(r.prefix) + len(r.new) for r in reqs]
