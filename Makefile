@@ -2,6 +2,7 @@
 #                pinned to the CPU build 2.13.0)
 # make test-engine  the engine adapter's tests, against an installed sglang 0.5.23 (own venv)
 # make engine-matrix the engine scenarios on sglang 0.5.20-0.5.23, each release in its own process
+# make engine-pack   .engines/carry: releases 0.5.22 and 0.5.23 for a GPU host with no package index
 # make run       the default scenario set: on the GPU when torch sees one, else on the CPU simulator
 # make gpu-test  GPU tests + every default scenario as a test item + the mutant kill matrix, on a
 #                runner that already has torch (no install step)
@@ -15,7 +16,7 @@ REPORTS   ?= reports
 PYTHON    ?= python3
 HAS_TORCH := $(shell $(PYTHON) -c 'import torch' >/dev/null 2>&1 && echo yes)
 
-.PHONY: test test-engine engine-matrix run gpu-test gpu-verdicts bench clean
+.PHONY: test test-engine engine-matrix engine-pack run gpu-test gpu-verdicts bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -54,6 +55,11 @@ ENGINE_REPLAYS  ?= 10
 engine-matrix: $(ENGINE_VENV)/.installed
 	$(EPY) -m harness engine-matrix --releases $(ENGINE_RELEASES) --engines-dir $(ENGINES_DIR) \
 		--device auto --replays $(ENGINE_REPLAYS) --out $(REPORTS)/engine-matrix
+
+# For a GPU host with no package index: .engines/carry holds each release's imported files, stubs
+# of its compiled-kernel packages and the wheels the GPU image lacks (see harness/frontends/engine_pack.py).
+engine-pack: $(ENGINE_VENV)/.installed
+	$(EPY) -m harness.frontends.engine_pack --releases 0.5.22,0.5.23 --engines-dir $(ENGINES_DIR)
 
 ifeq ($(HAS_TORCH),yes)
 run:
