@@ -179,8 +179,8 @@ class Scenario:
     hazard: Hazard = Hazard.RAW
     engine: str | None = None  # "sglang": the engine's own code (and its fences "engine_*")
     # (version range, expectation) as the file wrote them; `expect` is the one the installed
-    # release of `engine` falls in (see harness.records.releases). Empty: `expect` as given.
-    expect_by_release: tuple[tuple[str, str], ...] = ()
+    # release of `engine` falls in (see harness.records.releases). None: `expect` as given.
+    expect_by_release: tuple[tuple[str, str], ...] | None = None
     fault: Fault = field(default_factory=Fault)
     # For expect = race: the evidence the race must show (None: any). "data" is for a
     # scenario meant to show the data going wrong, not only the missing ordering.
