@@ -1,6 +1,8 @@
 # make test      lint (ruff), types (mypy), then the CPU suite (creates .venv on first use; torch
 #                pinned to the CPU build 2.13.0)
 # make test-engine  the engine adapter's tests, against an installed sglang 0.5.23 (own venv)
+# make engine-matrix the engine scenarios on sglang 0.5.20-0.5.23, each release in its own process
+# make engine-pack   .engines/carry: releases 0.5.22 and 0.5.23 for a GPU host with no package index
 # make run       the default scenario set: on the GPU when torch sees one, else on the CPU simulator
 # make gpu-test  GPU tests + every default scenario as a test item + the mutant kill matrix, on a
 #                runner that already has torch (no install step)
@@ -14,7 +16,7 @@ REPORTS   ?= reports
 PYTHON    ?= python3
 HAS_TORCH := $(shell $(PYTHON) -c 'import torch' >/dev/null 2>&1 && echo yes)
 
-.PHONY: test test-engine run gpu-test gpu-verdicts bench clean
+.PHONY: test test-engine engine-matrix engine-pack run gpu-test gpu-verdicts bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -42,7 +44,22 @@ $(ENGINE_VENV)/.installed: pyproject.toml
 	touch $@
 
 test-engine: $(ENGINE_VENV)/.installed
-	$(EPY) -m pytest -q -m "not gpu" -p no:cacheprovider tests/test_engine_sglang.py
+	$(EPY) -m pytest -q -m "not gpu" -p no:cacheprovider tests/test_engine_sglang.py tests/test_engine_matrix.py
+
+# Each release installed with pip --no-deps --target $(ENGINES_DIR)/sglang-VERSION beside the engine
+# venv (its deps: the `.[sglang]` extra), then run in its own process; one table, one results.json.
+# On the simulator the models are shrunk and each scenario runs ENGINE_REPLAYS times.
+ENGINES_DIR     ?= .engines
+ENGINE_RELEASES ?= 0.5.20,0.5.21,0.5.22,0.5.23
+ENGINE_REPLAYS  ?= 10
+engine-matrix: $(ENGINE_VENV)/.installed
+	$(EPY) -m harness engine-matrix --releases $(ENGINE_RELEASES) --engines-dir $(ENGINES_DIR) \
+		--device auto --replays $(ENGINE_REPLAYS) --out $(REPORTS)/engine-matrix
+
+# For a GPU host with no package index: .engines/carry holds each release's imported files, stubs
+# of its compiled-kernel packages and the wheels the GPU image lacks (see harness/frontends/engine_pack.py).
+engine-pack: $(ENGINE_VENV)/.installed
+	$(EPY) -m harness.frontends.engine_pack --releases 0.5.22,0.5.23 --engines-dir $(ENGINES_DIR)
 
 ifeq ($(HAS_TORCH),yes)
 run:
@@ -89,4 +106,4 @@ bench: $(VENV)/.installed
 endif
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(ENGINE_VENV) $(ENGINES_DIR) build *.egg-info .pytest_cache

@@ -18,7 +18,7 @@ model = { layers = "AM", hidden = 32, heads = 2, kv_heads = 1, head_dim = 16, st
 batch = [{ prefix = 8, new = 2 }]
 backend = "full"
 engine = "sglang"
-fence = "engine"
+fence = "engine_execute"
 expect = "clean"
 """
 
@@ -36,7 +36,7 @@ def test_engine_in_a_scenario_file_without_sglang(tmp_path, capsys):
 
 def test_engine_on_the_command_line_without_sglang(tmp_path, capsys):
     path = tmp_path / "s.toml"
-    path.write_text(SCENARIO.replace('engine = "sglang"\nfence = "engine"\n', ""))
+    path.write_text(SCENARIO.replace('engine = "sglang"\nfence = "engine_execute"\n', ""))
     assert main(["run", str(path), "--device", "sim", "--out", str(tmp_path), "--engine", "sglang"]) == 2
     assert "--engine: engine: engine 'sglang' is not importable here" in capsys.readouterr().err
 
@@ -45,4 +45,4 @@ def test_an_engine_fence_without_the_engine_names_what_is_missing(tmp_path, caps
     path = tmp_path / "s.toml"
     path.write_text(SCENARIO.replace('engine = "sglang"\n', ""))
     assert main(["run", str(path), "--device", "sim", "--out", str(tmp_path / "out")]) == 2
-    assert "scenario[0].fence: fence 'engine' is the engine's own: it needs engine" in capsys.readouterr().err
+    assert "scenario[0].fence: fence 'engine_execute' is the engine's own: it needs engine" in capsys.readouterr().err

@@ -160,6 +160,12 @@ class Device(abc.ABC):
         return self._trace is not None or self._capture is not None
 
     @property
+    def current_trace(self) -> Trace | None:
+        """The op list being recorded by `tracing()` now, or None (read-only: for a check that
+        the ops so far are in the order it needs)."""
+        return self._trace
+
+    @property
     def capturing(self) -> bool:
         return self._capture is not None
 

@@ -1,17 +1,20 @@
 """Adapters that run a serving engine's own code under the harness, chosen by name.
 
-`sglang`: the engine's `LayerDoneCounter` / `LayerLoadingEvent` and
-`PrefillCudaGraphRunner._wait_for_layer_loads` (see `harness.engines.sglang`).
+`sglang`: the installed release's own `PrefillCudaGraphRunner.execute` around the
+harness's graph, its `LayerDoneCounter` / `LayerLoadingEvent` (see `harness.engines.sglang`
+and `harness.engines.sglang_execute`).
 A scenario picks one with `engine = "NAME"`; its fences are then named like any other.
 """
 
 from __future__ import annotations
 
-from harness.engines import sglang
+from harness.engines import sglang, sglang_execute
 from harness.engines.engine import Adapter, Engine
 from harness.records.errors import InputError
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (sglang.ENGINE,)}
+ENGINES: dict[str, Engine] = {
+    e.name: e for e in (Engine("sglang", sglang.load, sglang_execute.FENCES),)
+}
 
 
 def engine_named(name: str, source: str = "engine", key: str = "engine") -> Engine:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.engines import ENGINES
-from harness.frontends import soak
+from harness.frontends import engine_matrix, soak
 from harness.frontends.cli_args import device_arguments, out_argument, positive_int
 from harness.frontends.fence_commands import HANDLERS as FENCE_HANDLERS
 from harness.frontends.fence_commands import add_commands as add_fence_commands
@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument(f"--{kind.value}", metavar="NAME", dest=kind.value,
                             help=f"{kind.value} for every scenario: a built-in name or package.module:callable")
         sp.add_argument("--engine", choices=ENGINES,
-                        help="run on an installed engine's own load-back counter (fences engine / engine_reverted)")
+                        help="run on an installed engine's own code (fences engine_execute, engine_execute_nowait)")
 
     run = sub.add_parser("run", help="run scenario files (default: scenarios/*.toml)")
     run.add_argument("files", nargs="*", type=Path, help="scenario TOML files")
@@ -96,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     add_report_commands(sub)
     add_fence_commands(sub)
     soak.add_command(sub)
+    engine_matrix.add_command(sub)
     return p
 
 
@@ -255,6 +256,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
 def _command(args: argparse.Namespace) -> int:
     """The command's handler, under the interrupt handlers; a HarnessError as one line."""
     handlers = {"run": cmd_run, "repro": cmd_repro, "mutants": cmd_mutants, "soak": soak.cmd_soak,
+                "engine-matrix": engine_matrix.cmd_engine_matrix,
                 **REPORT_HANDLERS, **FENCE_HANDLERS}
     try:
         with signals_interrupt():

@@ -83,6 +83,13 @@ class PluginError(HarnessError):
     """
 
 
+class EngineContractBroken(HarnessError):
+    """An engine adapter's guard against a false clean did not hold: the engine's replay entry
+    point did not load the batch, did not replay the harness's graph exactly once, or the host
+    synchronised between the load's start and the replay. It ends that scenario as an error;
+    the message says which."""
+
+
 class ReportInputError(InputError):
     """A results document that cannot be read: not JSON, another schema, a key missing.
 

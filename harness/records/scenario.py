@@ -187,7 +187,10 @@ class Scenario:
     schedule: str = "layerwise"  # the load-back schedule (name or plugin)
     hazard: Hazard = Hazard.RAW
     pace: Pace = Pace.QUEUED
-    engine: str | None = None  # "sglang": the engine's own counter (and fences "engine*")
+    engine: str | None = None  # "sglang": the engine's own code (and its fences "engine_*")
+    # (version range, expectation) as the file wrote them; `expect` is the one the installed
+    # release of `engine` falls in (see harness.records.releases). None: `expect` as given.
+    expect_by_release: tuple[tuple[str, str], ...] | None = None
     fault: Fault = field(default_factory=Fault)
     # For expect = race: the evidence the race must show (None: any). "data" is for a
     # scenario meant to show the data going wrong, not only the missing ordering.

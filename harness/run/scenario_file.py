@@ -35,6 +35,7 @@ else:  # Python 3.10
     import tomli as tomllib
 
 from harness.records.errors import InputError
+from harness.records.releases import ReleaseExpectations
 from harness.records.scenario import (
     LAYER_KINDS,
     Backend,
@@ -442,6 +443,16 @@ def _engine(value: Any, key: str) -> str:
     return value
 
 
+def _release_expectations(value: Any, key: str) -> ReleaseExpectations:
+    table = _table(value, key)
+    for spec, v in table.items():
+        _string(v, f"{key}.{spec}", f"one of: {', '.join(Expect.names())}")
+    try:
+        return ReleaseExpectations.parse(table)
+    except ValueError as e:
+        raise _Invalid(key, str(e)) from None
+
+
 def _plugin(kind: Kind) -> Parser:
     def parse(value: Any, key: str) -> str:
         _string(value, key, f"a {kind.value} name or 'package.module:callable'")
@@ -489,6 +500,7 @@ _SCENARIO_FIELDS: dict[str, Callable[..., Any]] = {
     "engine": lambda value, key: _engine(value, key),
     "fault": _fault,
     "expect": _enum(Expect),
+    "expect_by_release": _release_expectations,
     "evidence": _enum(Evidence),
     "replays": _integer(1, MAX_REPLAYS),
     "seed": _integer(0),
@@ -556,6 +568,10 @@ def _scenario(
         **defaults,
         **{k: fields[k](v, f"{prefix}.{k}") for k, v in table.items()},
     }
+    by_release = values.get("expect_by_release")
+    if by_release is not None:
+        values["expect"] = _expect_on_release(by_release, values.get("engine"), prefix)
+        values["expect_by_release"] = tuple(by_release.as_dict().items())
     for key, hint in _REQUIRED_HINTS.items():
         _require(values, key, prefix, hint)
     _check_pools(values["model"], values["batch"], prefix)
@@ -576,6 +592,21 @@ def _scenario(
             "is written in place by prefill",
         )
     return Scenario(**values, source=source)
+
+
+def _expect_on_release(by_release: ReleaseExpectations, engine: str | None, prefix: str) -> Expect:
+    """The expectation on the installed release of the scenario's engine."""
+    from harness.engines import load_engine
+
+    key = f"{prefix}.expect_by_release"
+    if engine is None:
+        raise _Invalid(key, 'expect_by_release needs an engine (engine = "sglang"): it maps its releases')
+    try:
+        return by_release.expect_for(load_engine(engine).version)
+    except InputError as e:
+        raise _Invalid(f"{prefix}.engine", e.message) from None
+    except ValueError as e:
+        raise _Invalid(key, str(e)) from None
 
 
 def _check_unique_names(scenarios: list[Scenario]) -> None:

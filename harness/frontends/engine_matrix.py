@@ -1,0 +1,226 @@
+"""fence-harness engine-matrix: the engine scenarios once per SGLang release, each in its own process.
+
+Each release is installed with `pip install --no-deps --target DIR/sglang-VERSION
+sglang==VERSION` beside the one environment this command runs in (its dependencies are
+that environment's: the `.[sglang]` extra), unless the folder already holds it (a GPU
+host with no package index gets it carried in). Then, per release, a child process
+with `PYTHONPATH` pointing at that folder runs the scenario files and writes its own
+results; the parent prints one table (release x scenario: verdict, stale replays,
+findings) and writes one results.json whose every row names its release.
+
+What each scenario expects on each release is the scenario file's (`expect_by_release`);
+this command only says which releases to run. A newer release runs as it is.
+
+Exit codes: 0 every scenario met its expectation on every release; 1 one did not, or
+ended in an error; 2 bad input, or a release that cannot be installed or imported;
+130 / 143 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.frontends.cli_args import device_arguments, out_argument, positive_int
+
+RELEASES = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
+ROOT = Path(__file__).resolve().parents[2]
+FILES = (ROOT / "scenarios" / "engine" / "sglang.toml",)
+# The serving shapes: 8,192-token prefixes at hidden 1,024 with no injected fault. The race
+# they show comes from real copy and compute times, so they run on a GPU only.
+GPU_FILES = (ROOT / "scenarios" / "engine" / "serving.toml",)
+# --small: the model dimensions the CPU computes in seconds (the layer pattern, batch and
+# fault are the scenario's own).
+SMALL: dict[str, Any] = {"hidden": 64, "heads": 2, "kv_heads": 1, "head_dim": 32, "state": 4}
+
+
+def add_command(subparsers) -> None:
+    p = subparsers.add_parser("engine-matrix", help="the engine scenarios on each SGLang release, one process each")
+    p.add_argument("files", nargs="*", type=Path,
+                   help="scenario files (default: scenarios/engine/sglang.toml; on a GPU also serving.toml)")
+    p.add_argument("--releases", default=",".join(RELEASES),
+                   help="comma-separated sglang versions (default: %(default)s)")
+    p.add_argument("--engines-dir", type=Path, default=ROOT / ".engines", metavar="DIR",
+                   help="where each release is installed, as DIR/sglang-VERSION (default: .engines)")
+    p.add_argument("--replays", type=positive_int, help="replays per scenario (default: each scenario's own)")
+    p.add_argument("--small", action=argparse.BooleanOptionalAction, default=None,
+                   help="shrink the models' dimensions so the CPU computes them (default: on the simulator)")
+    device_arguments(p)
+    out_argument(p, "reports/engine-matrix", "results.json and each release's own folder")
+
+
+@dataclass(frozen=True)
+class Row:
+    release: str
+    scenario: str
+    expect: str
+    observed: str | None
+    met: bool
+    stale_replays: int
+    replays: int
+    findings: int
+    error: str | None
+
+    def line(self) -> str:
+        verdict = self.observed or "error"
+        ok = "ok  " if self.met else "FAIL"
+        tail = f"  {self.error}" if self.error else ""
+        return (f"{ok} {self.release:8s} {self.scenario:40s} expected {self.expect:5s} observed {verdict:5s} "
+                f"stale {self.stale_replays:4d}/{self.replays:<4d} findings {self.findings:3d}{tail}")
+
+
+def release_dir(engines_dir: Path, version: str) -> Path:
+    return engines_dir / f"sglang-{version}"
+
+
+def install(version: str, engines_dir: Path) -> Path:
+    """The release's own folder, installed with --no-deps unless it is already there."""
+    target = release_dir(engines_dir, version)
+    if (target / "sglang" / "__init__.py").is_file():
+        return target
+    print(f"installing sglang {version} into {target}", flush=True)
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                           f"sglang=={version}"], check=False)
+    if done.returncode != 0:
+        from harness.records.errors import InputError
+
+        raise InputError("--releases", version, f"pip could not install sglang=={version} into {target}")
+    return target
+
+
+def _child_env(target: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(target), str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def cmd_engine_matrix(args: argparse.Namespace) -> int:
+    from harness.devices import device_kind
+    from harness.report.results import write_results
+
+    kind = device_kind(args.device)
+    files = [Path(f) for f in args.files] or [*FILES, *(GPU_FILES if kind == "cuda" else ())]
+    small = args.small if args.small is not None else kind == "sim"
+    releases = [r.strip() for r in args.releases.split(",") if r.strip()]
+    started = time.time()
+    docs: dict[str, dict] = {}
+    codes: dict[str, int] = {}
+    for version in releases:
+        target = install(version, args.engines_dir)
+        out = args.out / version
+        cmd = [sys.executable, "-m", "harness.frontends.engine_matrix", "--out", str(out), "--device", args.device,
+               "--timeout", str(args.timeout), *[f"--sim-cost={c}" for c in args.sim_costs],
+               *(["--replays", str(args.replays)] if args.replays else []), *(["--small"] if small else []),
+               *map(str, files)]
+        print(f"== sglang {version} ({target})", flush=True)
+        codes[version] = subprocess.run(cmd, env=_child_env(target), check=False).returncode
+        path = out / "results.json"
+        if codes[version] in (0, 1) and path.is_file():
+            docs[version] = json.loads(path.read_text())
+    rows = [row for version, doc in docs.items() for row in rows_of(version, doc)]
+    print(table(rows))
+    missing = [v for v in releases if v not in docs]
+    doc = merged(docs, rows, codes, started)
+    path = write_results(args.out, doc)
+    print(f"results: {path}")
+    if missing:
+        print(f"fence-harness: engine-matrix: no results from sglang {', '.join(missing)} "
+              f"(exit {', '.join(str(codes[v]) for v in missing)})", file=sys.stderr)
+        return 2
+    return 0 if all(r.met for r in rows) else 1
+
+
+def rows_of(version: str, doc: dict) -> list[Row]:
+    return [
+        Row(version, e["name"], e["expect"], e["observed"], bool(e["met"]), int(e["stale_replays"]),
+            int(e["replays"]), len(e["findings"]), e["error"])
+        for e in doc["scenarios"]
+    ]
+
+
+def table(rows: list[Row]) -> str:
+    met = sum(r.met for r in rows)
+    releases = sorted({r.release for r in rows})
+    lines = [r.line() for r in rows]
+    lines.append(f"{met} of {len(rows)} met their expectation on {len(releases)} releases ({', '.join(releases)})")
+    return "\n".join(lines)
+
+
+def merged(docs: dict[str, dict], rows: list[Row], codes: dict[str, int], started: float) -> dict:
+    """One results.json: every release's scenarios, each named and marked with its release."""
+    from harness.report.results import git_commit
+
+    scenarios = [
+        {**e, "name": f"{version}/{e['name']}", "release": version}
+        for version, doc in docs.items() for e in doc["scenarios"]
+    ]
+    first = next(iter(docs.values()), {})
+    return {
+        "schema_version": first.get("schema_version", 1),
+        "run_id": first.get("run_id", ""),
+        "git_commit": git_commit(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": sys.argv,
+        "environment": first.get("environment", {}),
+        "summary": {"scenarios": len(scenarios), "met": sum(r.met for r in rows),
+                    "errors": sum(r.error is not None for r in rows)},
+        "scenarios": scenarios,
+        "engine_matrix": {
+            "releases": [{"release": v, "exit_code": codes[v], "ran": v in docs} for v in codes],
+            "rows": [dataclasses.asdict(r) for r in rows],
+        },
+    }
+
+
+# ---------------------------------------------------------------- one release (the child)
+
+
+def child(argv: list[str]) -> int:
+    """One release, in this process: run the files and write this release's results.json."""
+    p = argparse.ArgumentParser(prog="engine-matrix (one release)")
+    p.add_argument("files", nargs="+", type=Path)
+    p.add_argument("--replays", type=positive_int)
+    p.add_argument("--small", action="store_true")
+    device_arguments(p)
+    out_argument(p)
+    args = p.parse_args(argv)
+
+    from harness.devices import open_device
+    from harness.frontends.console import plain_line
+    from harness.frontends.session import run_scenarios
+    from harness.records.errors import HarnessError
+    from harness.report.results import build_results, write_results
+    from harness.run.scenario_file import load_files
+
+    try:
+        scenarios = load_files(args.files)
+        dev = open_device(args.device, args.sim_costs)
+    except HarnessError as e:
+        print(f"fence-harness: {e}", file=sys.stderr)
+        return e.exit_code
+    if args.small:
+        scenarios = [s.with_overrides(model=dataclasses.replace(s.model, **SMALL)) for s in scenarios]
+    results = []
+
+    def done(r) -> None:
+        results.append(r)
+        print(plain_line(r), flush=True)
+
+    started = time.time()
+    run_scenarios(scenarios, lambda: dev, args.replays, args.timeout, done)
+    write_results(args.out, build_results(results, dev.describe(), started, time.time()))
+    return 0 if all(r.met for r in results) and len(results) == len(scenarios) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(child(sys.argv[1:]))

@@ -1,0 +1,77 @@
+"""fence-harness engine-matrix: one release per process, one table, one results.json.
+
+The table and the merged document are tested on made-up child results (any Python); one
+release end to end needs sglang installed (`make test-engine`): the installed one stands
+in as an already-installed release folder, so nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.frontends import engine_matrix as em
+from harness.frontends.cli import main
+from harness.report.schema import validate
+
+ENTRY = {"name": "s", "expect": "race", "observed": "race", "met": True, "stale_replays": 3, "replays": 3,
+         "findings": ["x"] * 16, "error": None}
+
+
+def child_doc(**changes) -> dict:
+    return {"schema_version": 1, "run_id": "r", "environment": {"device": "sim", "torch": "t"},
+            "scenarios": [{**ENTRY, **changes}]}
+
+
+def test_every_row_names_its_release_and_the_table_says_what_met():
+    docs = {"0.5.22": child_doc(), "0.5.23": child_doc(expect="clean", met=False)}
+    rows = [r for v, d in docs.items() for r in em.rows_of(v, d)]
+    text = em.table(rows)
+    assert "ok   0.5.22   s" in text and "FAIL 0.5.23   s" in text
+    assert text.splitlines()[-1] == "1 of 2 met their expectation on 2 releases (0.5.22, 0.5.23)"
+    doc = em.merged(docs, rows, {"0.5.22": 0, "0.5.23": 1}, 0.0)
+    assert [e["name"] for e in doc["scenarios"]] == ["0.5.22/s", "0.5.23/s"]
+    assert [e["release"] for e in doc["scenarios"]] == ["0.5.22", "0.5.23"]
+    assert [r["release"] for r in doc["engine_matrix"]["rows"]] == ["0.5.22", "0.5.23"]
+    assert doc["summary"] == {"scenarios": 2, "met": 1, "errors": 0}
+
+
+def test_a_release_already_in_its_folder_is_not_installed_again(tmp_path, monkeypatch):
+    (tmp_path / "sglang-9.9.9" / "sglang").mkdir(parents=True)
+    (tmp_path / "sglang-9.9.9" / "sglang" / "__init__.py").write_text("")
+    monkeypatch.setattr(em.subprocess, "run", lambda *a, **k: pytest.fail("pip ran"))
+    assert em.install("9.9.9", tmp_path) == tmp_path / "sglang-9.9.9"
+
+
+needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None,
+                                  reason="sglang is not installed here; `make test-engine` installs it")
+
+
+@needs_sglang
+def test_one_release_end_to_end_in_its_own_process(tmp_path):
+    import sglang
+
+    version = sglang.__version__
+    folder = tmp_path / "engines" / f"sglang-{version}"
+    folder.mkdir(parents=True)
+    (folder / "sglang").symlink_to(Path(sglang.__file__).parent)
+    scenarios = tmp_path / "s.toml"
+    scenarios.write_text(em.FILES[0].read_text().split("[[scenario]]")[0] + """
+[[scenario]]
+name = "sglang.hybrid-execute.gate"
+model = { layers = "AM", hidden = 32, heads = 2, kv_heads = 1, head_dim = 16, state = 4 }
+fault = { kind = "gate" }
+""")
+    out = tmp_path / "out"
+    code = main(["engine-matrix", str(scenarios), "--releases", version, "--engines-dir", str(tmp_path / "engines"),
+                 "--device", "sim", "--replays", "2", "--out", str(out)])
+    assert code == 0
+    doc = json.loads((out / "results.json").read_text())
+    validate(doc)
+    (entry,) = doc["scenarios"]
+    assert entry["release"] == version and entry["engine"] == {"name": "sglang", "version": version}
+    assert entry["met"] and entry["replays"] == 2
+    assert doc["engine_matrix"]["releases"] == [{"release": version, "exit_code": 0, "ran": True}]
