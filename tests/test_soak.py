@@ -46,7 +46,7 @@ def test_draws_are_reproducible_correct_and_varied():
 
 def test_a_short_soak_is_clean_and_writes_its_section(tmp_path, capsys):
     out = tmp_path / "soak"
-    assert run_soak(out, "--minutes", "0.05", "--twin-every", "2") == 0
+    assert run_soak(out, "--minutes", "0.1", "--twin-every", "2") == 0
     printed = capsys.readouterr().out
     s = section(out)
     assert s["seed"] == 3 and s["scenarios"] >= 2 and s["twins"] >= 1
