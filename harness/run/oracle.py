@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.model.arena import FINAL, OUTPUT, READ, ArenaLayout
+from harness.model.arena import BACKUP, FINAL, OUTPUT, READ, ArenaLayout
 from harness.records.scenario import Tolerance
 
 
@@ -29,6 +29,7 @@ class ReplayVerdict:
     slots: frozenset[tuple[int, str, int]] = frozenset()  # (layer, pool, slot) read stale
     final_state_layers: frozenset[int] = frozenset()  # post-prefill Mamba state differs
     output_differs: bool = False
+    backup_layers: frozenset[int] = frozenset()  # layers whose write-back host copy differs
 
     @property
     def stale(self) -> bool:
@@ -86,6 +87,7 @@ class Oracle:
             slots=frozenset((u.layer, u.pool, u.slot) for u in reads),
             final_state_layers=frozenset(u.layer for u in units if u.kind == FINAL),
             output_differs=any(u.kind == OUTPUT for u in units),
+            backup_layers=frozenset(u.layer for u in units if u.kind == BACKUP),
         )
 
 
@@ -100,6 +102,8 @@ class Tally:
     final_state_replays: int = 0
     output_only_replays: int = 0  # output differs but every read was right: nondeterminism
     read_fraction_sum: float = 0.0
+    backup_replays: int = 0  # the write-back's host copy differs
+    backup_layer_counts: Counter = field(default_factory=Counter)
 
     def add(self, v: ReplayVerdict) -> None:
         self.replays += 1
@@ -111,6 +115,8 @@ class Tally:
         self.final_state_replays += bool(v.final_state_layers)
         self.output_only_replays += bool(v.output_differs and not v.slots and not v.final_state_layers)
         self.read_fraction_sum += v.read_fraction
+        self.backup_replays += bool(v.backup_layers)
+        self.backup_layer_counts.update(v.backup_layers)
 
     @property
     def stale_rate(self) -> float:

@@ -94,7 +94,7 @@ def run_scenario(
     replay: Replayer | None
     ended = False
     try:
-        tb = Testbed(scenario, dev)
+        tb = Testbed(scenario, dev, timeout_s)
         oracle = ground_truth(tb, timeout_s)
         tb.set_waits(tb.accessor)
         tb.setup_fence()
