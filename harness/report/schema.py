@@ -36,7 +36,8 @@ A document is one JSON object::
                     replay, or null; span kinds: copy (host to device) d2h (device to host) record
                     wait replay delay gate access kernel harness (sync in older files)
     mutants         (optional) {matrix: [{name, role: "mutant" | "correct", variant, outcome:
-                    "killed" | "survived" | "clean" | "flagged" | "error", stale_rate, findings}]}
+                    "killed" | "survived" | "clean" | "flagged" | "error", stale_rate, findings,
+                    data_in? ["reads" | "final state" | "host copy" | "output"], finding_kinds? [kind]}]}
     bench           (optional) {clock, points: [{model, layers, prefix, new, strategy, median_ms,
                                 p10_ms, p90_ms, repeats, ratio_to_bound, load_ms, compute_ms,
                                 forward_start_ms}]}: `fence-harness bench`
