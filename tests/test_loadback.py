@@ -125,15 +125,19 @@ def test_complete_rejects_out_of_range_layer():
 # ---------------------------------------------------------------- start_loading
 def expected_layer_ops(b: Testbed, layer: int, producer: int) -> list:
     L = b.load.id
+    # Each copy also names the host rows it reads (the host pool's own regions).
     if SHAPE.layers[layer] == "A":
         copies = [
-            Copy(L, Region(pool, layer, r.prefix.start, r.prefix.stop))
+            Copy(L, Region(pool, layer, r.prefix.start, r.prefix.stop),
+                 source=Region(f"host_{pool}", layer, r.host_offset, r.host_offset + len(r.prefix)))
             for r in b.layout.requests
             for pool in (Pool.K, Pool.V)
         ]
     else:
         first, last = b.layout.requests[0].mamba_slot, b.layout.requests[-1].mamba_slot
-        copies = [Copy(L, Region(pool, layer, first, last + 1)) for pool in (Pool.CONV, Pool.SSM)]
+        n = len(b.layout.requests)
+        copies = [Copy(L, Region(pool, layer, first, last + 1), source=Region(f"host_{pool}", layer, 0, n))
+                  for pool in (Pool.CONV, Pool.SSM)]
     return copies + [Record(L, b.counter.events[producer].load_events[layer].id)]
 
 

@@ -236,11 +236,11 @@ def oom(monkeypatch) -> list:
     after its pools were allocated; the list gets a weak reference to one of them."""
     pools = []
 
-    def model(dev, layout, pool, seed, _model=testbed.HybridModel):
+    def model(dev, layout, pool, seed, *rest, _model=testbed.HybridModel):
         if seed == OOM_SEED:
             pools.append(weakref.ref(pool.kv.k))
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0)")
-        return _model(dev, layout, pool, seed)
+        return _model(dev, layout, pool, seed, *rest)
 
     monkeypatch.setattr(testbed, "HybridModel", model)
     return pools

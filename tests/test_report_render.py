@@ -50,11 +50,20 @@ def test_summary_of_the_sample():
 def test_summary_with_the_kill_matrix():
     text = render_summary(FULL)
     assert "**Kill matrix**: 7/8 mutants killed, 5/7 correct variants clean" in text
-    assert "| scenario | role | outcome | stale rate | findings |" in text
-    assert "| mutant.fence_on_layer0_event | mutant | killed | 63.0% | 12 |" in text
-    assert "| correct.eager.gate | correct | error | 0.0% | 0 |" in text
+    assert "| scenario | role | outcome | stale rate | data in | findings |" in text
+    # A file from before rows said where the data showed: "-".
+    assert "| mutant.fence_on_layer0_event | mutant | killed | 63.0% | - | 12 |" in text
+    assert "| correct.eager.gate | correct | error | 0.0% | - | 0 |" in text
     # Mutants first, then the correct variants.
     assert text.index("| correct.") > text.rindex("| mutant.")
+
+
+def test_summary_says_where_a_mutant_showed():
+    doc = json.loads(json.dumps(FULL))
+    row = next(m for m in doc["mutants"]["matrix"] if m["name"] == "mutant.fence_on_layer0_event")
+    row.update(data_in=["host copy"], finding_kinds=["store-before-compute"])
+    assert "| mutant.fence_on_layer0_event | mutant | killed | 63.0% | host copy | 12 (store-before-compute) |" in (
+        render_summary(doc))
 
 
 def test_summary_marks_unmet_and_errors_and_escapes_pipes():

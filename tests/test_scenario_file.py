@@ -21,6 +21,7 @@ from harness.records.scenario import (
     Expect,
     Fault,
     FaultKind,
+    Hazard,
     ModelShape,
     Request,
     Scenario,
@@ -90,9 +91,16 @@ def _assert_one_line(err: InputError) -> None:
 # ---------------------------------------------------------------- the default set
 
 
-def test_default_set_is_the_twelve_core_scenarios_and_the_fault_kinds():
+def test_default_set_is_the_twelve_core_scenarios_the_fault_kinds_and_the_write_back():
     files = default_files()
-    assert [f.name for f in files] == ["default.toml", "faults.toml"]
+    assert [f.name for f in files] == ["default.toml", "faults.toml", "writeback.toml"]
+    # Each write-back hazard with the engine's transfer path (clean) and the variant that breaks it.
+    writeback = {(s.hazard, s.transfer): s.expect for s in load_file(files[2])}
+    assert writeback == {
+        (Hazard.STORE, "engine"): Expect.CLEAN, (Hazard.STORE, "no_write_fence"): Expect.RACE,
+        (Hazard.REUSE, "engine"): Expect.CLEAN, (Hazard.REUSE, "no_ack_wait"): Expect.RACE,
+        (Hazard.STAGING, "engine"): Expect.CLEAN, (Hazard.STAGING, "single_staging"): Expect.RACE,
+    }
     faults = load_file(files[1])
     assert {s.fault.kind for s in faults} == {
         FaultKind.GATE, FaultKind.JITTER, FaultKind.CHUNKED, FaultKind.SWEEP

@@ -28,6 +28,7 @@ import torch
 from harness.records.errors import GateUnavailable
 from harness.records.trace import (
     HostWait,
+    HostWrite,
     Kernel,
     Op,
     Region,
@@ -238,8 +239,24 @@ class Device(abc.ABC):
 
     # ---- what a harness needs on top ----------------------------------------------
     @abc.abstractmethod
-    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region) -> None:
-        """Host-to-device copy on the current stream; `region` names what it writes."""
+    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region, source: Region | None = None) -> None:
+        """Host-to-device copy on the current stream; `region` names what it writes, `source` the
+        host memory it reads where the host may rewrite that memory (a staging buffer)."""
+
+    @abc.abstractmethod
+    def copy_to_host(self, dst: torch.Tensor, src: torch.Tensor, src_region: Region, dst_region: Region) -> None:
+        """Device-to-host copy (a write-back) on the current stream into host memory from
+        `empty_host`; `src_region` names the device region it reads, `dst_region` the host one."""
+
+    def host_write(self, fn: Callable[[], object], regions: Sequence[Region], what: str = "") -> None:
+        """The host writes host memory the device copies from (`fn` does it, now, on the host).
+
+        An async copy reads its source when it runs, not when it is enqueued: a copy still
+        pending sees what `fn` wrote. The simulator first runs the device up to the host's time.
+        """
+        if self.recording:
+            self._note(HostWrite(tuple(regions), what))
+        fn()
 
     @abc.abstractmethod
     def delay(self, us: float) -> None:

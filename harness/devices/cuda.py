@@ -26,6 +26,7 @@ from harness.records.errors import (
 )
 from harness.records.trace import (
     Copy,
+    CopyToHost,
     Delay,
     Hold,
     HostSync,
@@ -236,13 +237,23 @@ class CudaDevice(Device):
 
 
     # ---- harness surface ------------------------------------------------------------
-    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region) -> None:
+    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region, source: Region | None = None) -> None:
         if not self.recording:
             dst.copy_(src, non_blocking=True)  # the hot path
             return
         stream = self.current_stream()
-        self._note(Copy(stream.id, region, src.numel() * src.element_size(), (dst, src)))
+        self._note(Copy(stream.id, region, src.numel() * src.element_size(), (dst, src), source))
         with self._timed_if(stream, SpanKind.COPY, f"H2D {region}"):
+            dst.copy_(src, non_blocking=True)
+
+    def copy_to_host(self, dst: torch.Tensor, src: torch.Tensor, src_region: Region, dst_region: Region) -> None:
+        # Into pinned memory (empty_host), so non_blocking is truly asynchronous to the host.
+        if not self.recording:
+            dst.copy_(src, non_blocking=True)
+            return
+        stream = self.current_stream()
+        self._note(CopyToHost(stream.id, src_region, dst_region, src.numel() * src.element_size(), (dst, src)))
+        with self._timed_if(stream, SpanKind.D2H, f"D2H {src_region}"):
             dst.copy_(src, non_blocking=True)
 
     def delay(self, us: float) -> None:

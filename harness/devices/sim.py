@@ -44,6 +44,7 @@ from harness.records.device_settings import SimCosts  # the cost model, torch-fr
 from harness.records.errors import CaptureInvalidated, HarnessError
 from harness.records.trace import (
     Copy,
+    CopyToHost,
     Delay,
     Hold,
     HostSync,
@@ -253,9 +254,20 @@ class SimDevice(Device):
         # A wait on a never-recorded event orders nothing, as CUDA completes it at once.
         self._enqueue(stream, 0.0, SpanKind.WAIT, f"wait e{event.id}", after=event.latest)
 
-    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region) -> None:
+    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region, source: Region | None = None) -> None:
         nbytes = src.numel() * src.element_size()
-        self._enqueue_op(Copy(self.current_stream().id, region, nbytes, (dst, src)))
+        self._enqueue_op(Copy(self.current_stream().id, region, nbytes, (dst, src), source))
+
+    def copy_to_host(self, dst: torch.Tensor, src: torch.Tensor, src_region: Region, dst_region: Region) -> None:
+        nbytes = src.numel() * src.element_size()
+        self._enqueue_op(CopyToHost(self.current_stream().id, src_region, dst_region, nbytes, (dst, src)))
+
+    def host_write(self, fn, regions, what: str = "") -> None:
+        # The device has run as far as the host's time: a copy that landed by now read the
+        # old bytes, one still pending will read the new ones, as a DMA does.
+        self._run_until(self.host_clock)
+        self.host_clock += self.costs.launch_us
+        super().host_write(fn, regions, what)
 
     def delay(self, us: float) -> None:
         if us > 0:
@@ -264,11 +276,12 @@ class SimDevice(Device):
     def launch(self, fn, reads=(), writes=(), what: str = "") -> None:
         self._enqueue_op(Kernel(self.current_stream().id, tuple(reads), tuple(writes), what, fn))
 
-    def _enqueue_op(self, op: Copy | Delay | Kernel) -> None:
+    def _enqueue_op(self, op: Copy | CopyToHost | Delay | Kernel) -> None:
         """Note and queue a copy, delay or kernel on the current stream (or on a replay's)."""
         self._note(op)
         stream = self.current_stream()
-        if isinstance(op, Copy):
+        if isinstance(op, (Copy, CopyToHost)):
+            # Both directions: the copy reads its source and writes its destination as it lands.
             assert op.tensors is not None
             dst, src = op.tensors
             us = op.nbytes / (self.costs.bandwidth_gbps * 1e3)  # GB/s -> bytes/us
@@ -277,7 +290,9 @@ class SimDevice(Device):
                 self._seq += 1  # a tie in landing time goes to the copy that started first
                 heapq.heappush(self._landings, (t + us, self._seq, dst, src))
 
-            self._enqueue(stream, us, SpanKind.COPY, f"H2D {op.dst}", run=lands)
+            kind, name = ((SpanKind.COPY, f"H2D {op.dst}") if isinstance(op, Copy)
+                          else (SpanKind.D2H, f"D2H {op.src}"))
+            self._enqueue(stream, us, kind, name, run=lands)
         elif isinstance(op, Delay):
             self._enqueue(stream, op.us, SpanKind.DELAY, f"delay {op.us:g}us")
         else:
@@ -434,7 +449,7 @@ class SimDevice(Device):
 
     def _enqueue_captured(self, stream: SimStream, op: Op) -> None:
         with self.stream(stream):
-            if isinstance(op, (Copy, Delay, Kernel)):
+            if isinstance(op, (Copy, CopyToHost, Delay, Kernel)):
                 self._enqueue_op(op)
             elif isinstance(op, Wait):  # a graph node: on the event's latest record at launch
                 self._enqueue(stream, 0.0, SpanKind.WAIT, f"wait e{op.event}", after=op.handle.latest)

@@ -193,8 +193,9 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     print("\nkill matrix (evidence: data = stale replays, analysis = happens-before findings):")
     for row in rows:
         evidence = "+".join(row.evidence) or "-"
+        shown = f" (data in {', '.join(row.data_in)}; {', '.join(row.finding_kinds)})" if row.evidence else ""
         print(f"  {row.outcome.value.upper():8s} {row.role.value:7s} {row.name:40s} "
-              f"stale {row.stale_replays}/{row.replays} findings {row.findings} evidence {evidence}")
+              f"stale {row.stale_replays}/{row.replays} findings {row.findings} evidence {evidence}{shown}")
     mutants = [r for r in rows if r.role is Role.MUTANT]
     correct = [r for r in rows if r.role is Role.CORRECT]
     killed = sum(r.ok for r in mutants)
@@ -218,6 +219,8 @@ def _describe_verdict(i: int, v: ReplayVerdict) -> str:
         parts.append(f"post-prefill Mamba state differs at layers {sorted(v.final_state_layers)}")
     if v.output_differs:
         parts.append("output differs")
+    if v.backup_layers:
+        parts.append(f"write-back host copy differs at layers {sorted(v.backup_layers)}")
     return "  ".join(parts)
 
 

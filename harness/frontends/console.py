@@ -42,7 +42,10 @@ except ImportError:
 
 
 def _layers(r: ScenarioResult) -> str:
-    return ",".join(str(k) for k in sorted(r.tally.layer_counts)) or "-"
+    """Layers read stale; then, after "host", layers whose write-back host copy came out wrong."""
+    reads = ",".join(str(k) for k in sorted(r.tally.layer_counts))
+    backups = ",".join(str(k) for k in sorted(r.tally.backup_layer_counts))
+    return " ".join(part for part in (reads, f"host {backups}" if backups else "") if part) or "-"
 
 
 def _expected(r: ScenarioResult) -> str:

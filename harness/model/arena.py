@@ -6,6 +6,11 @@ few kernels, not one per layer. Each row of each segment is a *unit*: one slot o
 one pool at one layer, one request's final state, or one output token. The model
 writes through views of the segments (`ProbeSet`); the oracle compares unit by unit
 (`harness.run.oracle`). Both read this one layout.
+
+A scenario with a write-back adds its host copy: one unit per slot it backs up (the
+new tokens' KV per attention layer, each request's Mamba state per Mamba layer), in
+the layout of `harness.protocol.writeback.HostBackup`, which the harness copies in
+when it observes a replay.
 """
 
 from __future__ import annotations
@@ -17,12 +22,13 @@ from harness.protocol.layout import Layout
 from harness.records.trace import Pool
 
 READ, FINAL, OUTPUT = "read", "final", "output"
+BACKUP = "backup"  # a backed-up slot's host copy (the write-back's)
 
 
 @dataclass(frozen=True)
 class Unit:
-    segment: str  # arena segment name (k, v, conv, ssm, final_conv, final_ssm, out)
-    kind: str  # read | final | output
+    segment: str  # arena segment name (k, v, conv, ssm, final_conv, final_ssm, out, backup_*)
+    kind: str  # read | final | output | backup
     layer: int  # global layer id; -1 for output
     pool: str  # k | v | conv | ssm | out
     slot: int  # pool slot (read, final) or token row (output)
@@ -65,7 +71,8 @@ class ArenaLayout:
         return out
 
 
-def arena_layout(layout: Layout) -> ArenaLayout:
+def arena_layout(layout: Layout, backup: bool = False) -> ArenaLayout:
+    """The arena of a batch; with `backup`, the write-back's host copy too."""
     s = layout.shape
     reqs = layout.requests
     n_m, b = len(s.mamba_layers), len(reqs)
@@ -79,9 +86,14 @@ def arena_layout(layout: Layout) -> ArenaLayout:
         units = tuple(Unit(seg, kind, lid, pool, r.mamba_slot, r.index) for lid in s.mamba_layers for r in reqs)
         return Segment(seg, (n_m, b, s.d_inner, width), units)
 
+    def new_kv(seg: str, pool: str) -> Segment:
+        units = tuple(Unit(seg, BACKUP, lid, pool, slot, r.index)
+                      for lid in s.attention_layers for r in reqs for slot in r.new)
+        return Segment(seg, (len(s.attention_layers), layout.total_new, s.kv_heads, s.head_dim), units)
+
     out = Segment("out", (layout.total_new, s.hidden),
                   tuple(Unit("out", OUTPUT, -1, "out", tok, r.index) for r in reqs for tok in r.tokens))
-    return ArenaLayout((
+    segments: tuple[Segment, ...] = (
         kv("k", Pool.K),
         kv("v", Pool.V),
         state("conv", Pool.CONV, READ, s.conv - 1),
@@ -89,4 +101,17 @@ def arena_layout(layout: Layout) -> ArenaLayout:
         state("final_conv", Pool.CONV, FINAL, s.conv - 1),
         state("final_ssm", Pool.SSM, FINAL, s.state),
         out,
-    ))
+    )
+    if backup:
+        segments += (
+            new_kv(backup_segment(Pool.K), Pool.K),
+            new_kv(backup_segment(Pool.V), Pool.V),
+            state(backup_segment(Pool.CONV), Pool.CONV, BACKUP, s.conv - 1),
+            state(backup_segment(Pool.SSM), Pool.SSM, BACKUP, s.state),
+        )
+    return ArenaLayout(segments)
+
+
+def backup_segment(pool: str) -> str:
+    """The arena segment of the host copy of `pool`."""
+    return f"backup_{pool}"

@@ -26,9 +26,10 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own idiom
 
 from harness.devices.base import Device, dtype_of
-from harness.model.arena import arena_layout
+from harness.model.arena import arena_layout, backup_segment
 from harness.protocol.layout import Layout, prefix_regions
 from harness.protocol.pools import HybridPool
+from harness.protocol.writeback import HostBackup
 from harness.records.trace import Pool, Region
 
 EPS = 1e-6
@@ -177,10 +178,11 @@ def init_weights(layout: Layout, seed: int, device: torch.device):
 
 
 class ProbeSet:
-    """Static buffers the forward writes what it read into (and its output): views of one arena."""
+    """Static buffers the forward writes what it read into (and its output): views of one arena;
+    with a write-back, `backup` holds the views its host copy is copied into, by pool."""
 
-    def __init__(self, layout: Layout, device: torch.device):
-        self.layout = arena_layout(layout)
+    def __init__(self, layout: Layout, device: torch.device, backup: bool = False):
+        self.layout = arena_layout(layout, backup)
         self.arena = torch.empty(self.layout.size, dtype=dtype_of(layout.shape.dtype), device=device)
         spans = self.layout.spans()
         views = {s.name: self.arena[slice(*spans[s.name])].view(s.shape) for s in self.layout.segments}
@@ -188,11 +190,16 @@ class ProbeSet:
         self.conv, self.ssm = views["conv"], views["ssm"]
         self.final_conv, self.final_ssm = views["final_conv"], views["final_ssm"]
         self.out = views["out"]
+        self.backup = {p: views[backup_segment(p)] for p in (Pool.K, Pool.V, Pool.CONV, Pool.SSM)} if backup else {}
 
 
 class HybridModel:
-    def __init__(self, dev: Device, layout: Layout, pool: HybridPool, seed: int):
+    """`backup`: the write-back's host copy, which the harness's look at a replay copies into the
+    probe arena with the post-prefill state (None: no write-back)."""
+
+    def __init__(self, dev: Device, layout: Layout, pool: HybridPool, seed: int, backup: HostBackup | None = None):
         self.dev = dev
+        self.backup = backup
         self.layout = layout
         self.pool = pool
         s = layout.shape
@@ -211,7 +218,7 @@ class HybridModel:
         self.mix = torch.empty(t, max(s.heads * s.head_dim, s.d_inner), dtype=dt, device=device)
         self.u = torch.empty(t, s.d_inner, dtype=dt, device=device)
         self.z = torch.empty(t, s.d_inner, dtype=dt, device=device)
-        self.probes = ProbeSet(layout, device)
+        self.probes = ProbeSet(layout, device, backup is not None)
         self.new_slots = torch.tensor(
             [slot for r in layout.requests for slot in r.new], dtype=torch.long, device=device
         )
@@ -320,7 +327,8 @@ class HybridModel:
             step.run()
 
     def collect_final_state(self) -> None:
-        """Copy the post-prefill Mamba state into the probe arena (the harness's own look)."""
+        """Copy the post-prefill Mamba state (and the write-back's host copy) into the probe arena
+        (the harness's own look)."""
         for lid in self.layout.shape.mamba_layers:
             m = self.pool.mamba.layer_index[lid]
 
@@ -329,3 +337,11 @@ class HybridModel:
                 self.probes.final_ssm[m].copy_(self.pool.mamba.ssm[m, self.mamba_slots])
 
             self.dev.launch(collect, reads=self.loaded[lid], what=f"L{lid} final state")
+        if self.backup is not None:
+            host, views = self.backup.tensors, self.probes.backup
+
+            def collect_backup() -> None:
+                for pool, view in views.items():
+                    view.copy_(host[pool])
+
+            self.dev.launch(collect_backup, what="host copy")

@@ -15,18 +15,49 @@ hazard; ground truth runs them with the host waiting between the steps.
   writes other data into the same slots; if it is not ordered after the forward,
   the forward's reads (and outputs) show the next batch's data. The gate holds the
   forward until that load has landed.
+
+The other direction (`harness.protocol.writeback`): each of these runs the transfer
+path the scenario names (`transfer`: the engine's, or a variant with one defect).
+
+- store-before-compute: after the forward, the write-back backs up the slots the
+  forward wrote (new tokens' KV, the Mamba state); if the device-to-host copy is not
+  ordered after the forward (no write fence), the host copy holds what was there
+  before (poison, the pre-prefill state). The gate holds the forward until the copy
+  has landed; a delay on the load stream makes the (fenced) forward late.
+- reuse-before-backup: after the write-back, the next batch's load writes other data
+  into the backed-up slots (freed and allocated again); if it is not ordered after the
+  write-back's ack, the host copy holds the next batch's data. The gate (and a delay)
+  holds the write-back stream, so the next batch's load lands first.
+- staging overwrite: every load op copies from a pinned staging buffer the host
+  refills before it; the next batch's refill happens while this batch's copies are
+  pending (the host runs ahead). With one buffer refilled in place, the device
+  receives the next batch's bytes and the forward reads them. The gate (and a
+  delay) holds the load stream, so this batch's copies are still pending.
+
+A hazard's ground truth runs the engine's transfer path (`truth`): the truth must
+not depend on the variant under test.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from harness.devices.base import Device
+from harness.devices.base import Device, Event, Gate, Stream
 from harness.protocol.layout import Layout
 from harness.protocol.loadback import CopyPlan, plan_copies
 from harness.protocol.pools import HostPool, HybridPool
 from harness.protocol.schedules import LoadOp
+from harness.protocol.writeback import (
+    ENGINE,
+    HostBackup,
+    StagingRing,
+    TransferPolicy,
+    WriteBack,
+    backup_regions,
+    plan_refill,
+)
 from harness.records.faults import FaultPlan
 from harness.records.scenario import Fault, Hazard
 from harness.records.trace import Region
@@ -36,7 +67,9 @@ from harness.records.trace import Region
 class HazardBed:
     """What a hazard acts on: the scenario's pools and copies, and a way to start a load op.
 
-    `targets` are the regions every load op writes.
+    `targets` are the regions every load op writes; `host` the host pool it copies from,
+    on the `load` stream. `transfer` is the scenario's transfer path; `writeback` the
+    write-back, for the hazards that need one (`HazardStrategy.backs_up`).
     """
 
     dev: Device
@@ -47,6 +80,11 @@ class HazardBed:
     poison: float
     seed: int
     chunks: int
+    host: HostPool
+    load: Stream
+    transfer: TransferPolicy = ENGINE
+    writeback: WriteBack | None = None
+    timeout_s: float = 30.0
 
 
 # load(copies, plan): start another batch's load op of `copies`, leaving this batch's
@@ -54,10 +92,21 @@ class HazardBed:
 OtherLoad = Callable[[CopyPlan, FaultPlan], LoadOp]
 
 
+class Racing(Protocol):
+    """What races the forward's side (a load op, a write-back): the replay loop opens the gate
+    once its finish event has completed."""
+
+    @property
+    def finish_event(self) -> Event: ...
+
+
 class HazardStrategy:
     """Read-after-write, the default: poison the slots, load them back, run the forward."""
 
     holds_forward = False  # a gate fault holds the load stream (False) or the forward (True)
+    holds_own = False  # ... or a stream the hazard holds itself (the gate is given to after_forward)
+    backs_up = False  # it needs the write-back path (and the probe arena's host-copy units)
+    uses_transfer = False  # it runs the scenario's transfer path (`Scenario.transfer`)
 
     def setup(self, bed: HazardBed) -> None:
         """Once per scenario, before anything runs."""
@@ -66,8 +115,13 @@ class HazardStrategy:
         """Before the load op, on the forward stream: the slots the load op will write."""
         poison(bed)
 
-    def after_forward(self, bed: HazardBed, plan: FaultPlan, load: OtherLoad) -> LoadOp | None:
-        """Right after the forward is enqueued; a load op that races it, or None."""
+    def after_forward(self, bed: HazardBed, plan: FaultPlan, load: OtherLoad, gate: Gate | None = None,
+                      truth: bool = False) -> Racing | None:
+        """Right after the forward is enqueued; what races it (a load op, a write-back), or None.
+
+        `gate` is the gate fault's gate when `holds_own` (None otherwise); `truth` says this is
+        ground truth, which runs the engine's transfer path whatever the scenario's.
+        """
         return None
 
 
@@ -91,30 +145,117 @@ class WriteAfterRead(HazardStrategy):
         other = HostPool(bed.dev, bed.layout, bed.seed + 1)  # the next batch: other data
         self.next_copies = plan_copies(bed.layout, other, bed.pool, bed.chunks)
 
-    def after_forward(self, bed: HazardBed, plan: FaultPlan, load: OtherLoad) -> LoadOp | None:
+    def after_forward(self, bed: HazardBed, plan: FaultPlan, load: OtherLoad, gate: Gate | None = None,
+                      truth: bool = False) -> Racing | None:
         # The next batch's load into the same slots, with no fault of its own.
         return load(self.next_copies, FaultPlan(Fault(), plan.replay))
+
+
+class _WriteBackHazard(HazardStrategy):
+    """What both write-back hazards share: the slots the forward writes are poisoned too (so a
+    copy that reads them early reads poison, not the previous replay's data), and so is the host
+    copy (so a copy that never lands shows)."""
+
+    backs_up = True
+    uses_transfer = True
+
+    def setup(self, bed: HazardBed) -> None:
+        assert bed.writeback is not None, "a write-back hazard needs the testbed's write-back path"
+        self.writeback = bed.writeback
+
+    def prepare(self, bed: HazardBed) -> None:
+        poison(bed, new_tokens=True)
+        host, p = self.writeback.host, bed.poison
+
+        def fill() -> None:
+            for t in host.tensors.values():
+                t.fill_(p)
+
+        bed.dev.host_write(fill, self.writeback.host_regions(), "poison the host copy")
+
+    def policy(self, bed: HazardBed, truth: bool) -> TransferPolicy:
+        return ENGINE if truth else bed.transfer
+
+
+class StoreBeforeCompute(_WriteBackHazard):
+    holds_forward = True  # the forward that writes the slots has not run: the copy must wait for it
+
+    def after_forward(self, bed: HazardBed, plan: FaultPlan, load: OtherLoad, gate: Gate | None = None,
+                      truth: bool = False) -> Racing | None:
+        # The fault makes the forward late (held, or behind a delayed load); the write-back
+        # itself runs with none.
+        return self.writeback.write(FaultPlan(Fault(), plan.replay), self.policy(bed, truth))
+
+
+class ReuseBeforeBackup(_WriteBackHazard):
+    holds_own = True  # the write-back stream: the next batch's load must land first to show
+
+    def setup(self, bed: HazardBed) -> None:
+        super().setup(bed)
+        # The next batch's data, loaded into the very slots the write-back reads.
+        self.refill = plan_refill(bed.layout, bed.pool, HostBackup(bed.dev, bed.layout, "host_next", bed.seed + 1))
+
+    def after_forward(self, bed: HazardBed, plan: FaultPlan, load: OtherLoad, gate: Gate | None = None,
+                      truth: bool = False) -> Racing | None:
+        op = self.writeback.write(plan, self.policy(bed, truth), gate)
+        op.release()  # the slots are freed; the next batch is allocated them
+        return load(self.refill, FaultPlan(Fault(), plan.replay))
+
+
+class StagingOverwrite(HazardStrategy):
+    """Every load op copies from a staging buffer the host refills first; the scenario's host
+    pool is buffer 0, refilled with this batch's bytes before the load op."""
+
+    uses_transfer = True
+
+    def setup(self, bed: HazardBed) -> None:
+        self.ring = StagingRing(bed.dev, bed.layout, bed.pool, bed.host, bed.timeout_s)
+        # The batches' bytes, kept where no load copies from them.
+        self.this_batch = HostPool(bed.dev, bed.layout, bed.seed, name="batch")
+        self.next_batch = HostPool(bed.dev, bed.layout, bed.seed + 1, name="batch_next")
+
+    def prepare(self, bed: HazardBed) -> None:
+        poison(bed)
+        self.ring.start_over()
+        self.ring.fill(self.this_batch, "refill staging (this batch)", bed.transfer)  # buffer 0
+
+    def after_forward(self, bed: HazardBed, plan: FaultPlan, load: OtherLoad, gate: Gate | None = None,
+                      truth: bool = False) -> Racing | None:
+        ring = self.ring
+        ring.mark_read(0, bed.load)  # this batch's copies, enqueued before the forward
+        i = ring.fill(self.next_batch, "refill staging (next batch)", ENGINE if truth else bed.transfer)
+        op = load(ring.copies[i], FaultPlan(Fault(), plan.replay))
+        ring.mark_read(i, bed.load)
+        return op
 
 
 HAZARDS: dict[Hazard, type[HazardStrategy]] = {
     Hazard.RAW: ReadAfterWrite,
     Hazard.WAW: WriteAfterWrite,
     Hazard.WAR: WriteAfterRead,
+    Hazard.STORE: StoreBeforeCompute,
+    Hazard.REUSE: ReuseBeforeBackup,
+    Hazard.STAGING: StagingOverwrite,
 }
 
 
-def poison(bed: HazardBed) -> None:
-    """Fill every slot the load-back writes with the poison value (one kernel)."""
+def poison(bed: HazardBed, new_tokens: bool = False) -> None:
+    """Fill every slot the load-back writes with the poison value (one kernel); with `new_tokens`,
+    the slots the forward writes the new tokens' KV into as well."""
     layout, pool, p = bed.layout, bed.pool, bed.poison
+    written = bed.targets
+    if new_tokens:
+        written += tuple(r for lid in layout.shape.attention_layers for r in backup_regions(layout, lid))
 
     def fill() -> None:
         for r in layout.requests:
-            pool.kv.k[:, r.prefix.start : r.prefix.stop].fill_(p)
-            pool.kv.v[:, r.prefix.start : r.prefix.stop].fill_(p)
+            kv = slice(r.prefix.start, r.new.stop if new_tokens else r.prefix.stop)
+            pool.kv.k[:, kv].fill_(p)
+            pool.kv.v[:, kv].fill_(p)
         pool.mamba.conv[:, layout.mamba_rows].fill_(p)
         pool.mamba.ssm[:, layout.mamba_rows].fill_(p)
 
-    bed.dev.launch(fill, writes=bed.targets, what="poison")
+    bed.dev.launch(fill, writes=written, what="poison")
 
 
 def make_hazard(kind: Hazard, bed: HazardBed) -> HazardStrategy:
@@ -123,4 +264,4 @@ def make_hazard(kind: Hazard, bed: HazardBed) -> HazardStrategy:
     return hazard
 
 
-__all__ = ["HAZARDS", "HazardBed", "HazardStrategy", "OtherLoad", "make_hazard"]
+__all__ = ["HAZARDS", "HazardBed", "HazardStrategy", "OtherLoad", "Racing", "make_hazard"]

@@ -22,7 +22,7 @@ import torch
 from harness.devices.base import Device, Event
 from harness.protocol.layout import Layout, prefix_regions
 from harness.records.errors import SlotReusedEarly
-from harness.records.trace import Region
+from harness.records.trace import Pool, Region
 
 if TYPE_CHECKING:
     from harness.protocol.pools import HostPool, HybridPool
@@ -82,7 +82,8 @@ class LayerDoneCounter:
 class LayerCopy:
     dst: torch.Tensor  # a view of a device pool
     src: torch.Tensor  # a view of a pinned host pool
-    region: Region
+    region: Region  # the device slots it writes
+    source: Region | None = None  # the host rows it reads (a host pool's `Pool.on_host` region)
 
 
 # plan[layer][chunk] -> the copies of that chunk of that layer
@@ -107,10 +108,11 @@ def plan_copies(layout: Layout, host: HostPool, pool: HybridPool, chunks: int = 
     plan: CopyPlan = []
     for layer in range(layout.shape.num_layers):
         parts: list[list[LayerCopy]] = [[] for _ in range(chunks)]
-        for dst, src, region in _layer_copies(layout, host, pool, layer):
+        for dst, src, region, source in _layer_copies(layout, host, pool, layer):
             for c, part in enumerate(_split(region.stop - region.start, chunks)):
                 sub = Region(region.pool, region.layer, region.start + part.start, region.start + part.stop)
-                parts[c].append(LayerCopy(dst[part], src[part], sub))
+                read = Region(source.pool, source.layer, source.start + part.start, source.start + part.stop)
+                parts[c].append(LayerCopy(dst[part], src[part], sub, read))
         plan.append([p for p in parts if p])
     return plan
 
@@ -136,19 +138,23 @@ def stale_by_chunk(
 
 def _layer_copies(
     layout: Layout, host: HostPool, pool: HybridPool, layer: int
-) -> Iterator[tuple[torch.Tensor, torch.Tensor, Region]]:
-    """(device view, host view, region) of each whole copy of one layer."""
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, Region, Region]]:
+    """(device view, host view, device region, host region) of each whole copy of one layer."""
     regions = prefix_regions(layout, layer)
+
+    def on_host(r: Region, start: int) -> Region:
+        return Region(Pool.on_host(host.name, r.pool), layer, start, start + r.stop - r.start)
+
     if layout.shape.layers[layer] == "A":
         a = pool.kv.layer_index[layer]
         loaded = [r for r in layout.requests if len(r.prefix)]
         for r, rk, rv in zip(loaded, regions[0::2], regions[1::2], strict=False):
             rows = slice(r.host_offset, r.host_offset + len(r.prefix))
             dst = slice(r.prefix.start, r.prefix.stop)
-            yield pool.kv.k[a, dst], host.k[a, rows], rk
-            yield pool.kv.v[a, dst], host.v[a, rows], rv
+            yield pool.kv.k[a, dst], host.k[a, rows], rk, on_host(rk, r.host_offset)
+            yield pool.kv.v[a, dst], host.v[a, rows], rv, on_host(rv, r.host_offset)
     else:
         m = pool.mamba.layer_index[layer]
         rc, rs = regions
-        yield pool.mamba.conv[m, layout.mamba_rows], host.conv[m], rc
-        yield pool.mamba.ssm[m, layout.mamba_rows], host.ssm[m], rs
+        yield pool.mamba.conv[m, layout.mamba_rows], host.conv[m], rc, on_host(rc, 0)
+        yield pool.mamba.ssm[m, layout.mamba_rows], host.ssm[m], rs, on_host(rs, 0)

@@ -92,9 +92,14 @@ class HybridPool:
 
 
 class HostPool:
-    """Pinned host copies of each request's cached prefix KV and Mamba state."""
+    """Pinned host copies of each request's cached prefix KV and Mamba state.
 
-    def __init__(self, dev: Device, layout: Layout, seed: int):
+    `name` names its memory in the op list (`Pool.on_host(name, pool)` regions), so that a
+    write the host makes to it can be told apart from writes to another host buffer.
+    """
+
+    def __init__(self, dev: Device, layout: Layout, seed: int, name: str = "host"):
+        self.name = name
         s = layout.shape
         dt = dtype_of(s.dtype)
         g = torch.Generator().manual_seed(seed + 7919)

@@ -102,7 +102,7 @@ class LoadOp:
             self.dev.delay(us)
 
     def copy(self, c: LayerCopy) -> None:
-        self.dev.copy_async(c.dst, c.src, c.region)
+        self.dev.copy_async(c.dst, c.src, c.region, c.source)
 
     def copy_layer(self, layer: int) -> None:
         """All chunks of one layer, with the fault's pauses before them."""

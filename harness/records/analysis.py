@@ -10,6 +10,16 @@ C.get(L, -1) >= e. A pool access unordered with an earlier-enqueued copy to an
 overlapping region is a race (read after write, or write after write), and so
 is a copy unordered with an earlier-enqueued access to an overlapping region
 (write after read, or write after write).
+
+The write-back direction and host buffers add three more:
+
+- store-before-compute: a device-to-host copy reads a region that an earlier
+  write (a kernel, or a load-back copy) is not ordered before;
+- reuse-before-backup: a write (a kernel, or a load-back copy) to a region an
+  earlier device-to-host copy reads, not ordered after that copy;
+- staging overwrite: the host writes host memory an earlier load-back copy reads
+  (its `source`) before it has seen that copy complete (the host is ordered after
+  stream work only by what it saw complete: `StreamClocks.host_ordered`).
 """
 
 from __future__ import annotations
@@ -20,10 +30,12 @@ from dataclasses import dataclass
 from harness.records.clocks import Stamp, StreamClocks
 from harness.records.trace import (
     Copy,
+    CopyToHost,
     Delay,
     Hold,
     HostSync,
     HostWait,
+    HostWrite,
     Kernel,
     Op,
     Record,
@@ -40,6 +52,12 @@ class RaceKind(enum.Enum):
     READ_AFTER_WRITE = "read-after-write"  # a read unordered with an earlier copy to it
     WRITE_AFTER_WRITE = "write-after-write"  # a write and a copy to it, unordered
     WRITE_AFTER_READ = "write-after-read"  # a copy unordered with an earlier read of it
+    STORE_BEFORE_COMPUTE = "store-before-compute"  # a D2H copy unordered with an earlier write of what it reads
+    REUSE_BEFORE_BACKUP = "reuse-before-backup"  # a write unordered with an earlier D2H copy of that region
+    STAGING_OVERWRITE = "staging-overwrite"  # the host rewrites memory an earlier H2D copy may still read
+
+
+HOST = "host"  # the access stream of a host write
 
 
 @dataclass(frozen=True)
@@ -47,7 +65,13 @@ class Finding:
     """One unordered (copy, access) pair, by region and kernel.
 
     `access_first` is True when the access was enqueued before the copy
-    (WRITE_AFTER_READ always; WRITE_AFTER_WRITE when the write came first).
+    (WRITE_AFTER_READ always; WRITE_AFTER_WRITE when the write came first;
+    STORE_BEFORE_COMPUTE always: the write came first, the D2H copy reads after it).
+
+    The "copy" side is the H2D copy (its destination), the D2H copy (the device region
+    it backs up), or, for a staging overwrite, the H2D copy (the host memory it reads);
+    the "access" side is the kernel, the other copy (`what` "H2D copy"), or the host's
+    write (`access_stream` "host").
     """
 
     kind: RaceKind
@@ -61,15 +85,30 @@ class Finding:
 
     def _who(self) -> str:
         what = self.what or "an access"
+        if self.access_stream == HOST:
+            return f"{what} (the host)"
         where = "graph replay" if self.in_replay else "stream"
         return f"{what} ({where} on {self.access_stream})"
 
     def describe(self) -> str:
         """One sentence a person can act on: the later side, the earlier one, the missing edge."""
+        kind = self.kind
+        if kind is RaceKind.STORE_BEFORE_COMPUTE:
+            return (f"the D2H copy on {self.copy_stream} backs up {self.copy_region}, but nothing orders it "
+                    f"after {self._who()} writes {self.access_region}: {self.copy_stream} waited on no event "
+                    "recorded after that")
+        if kind is RaceKind.REUSE_BEFORE_BACKUP:
+            return (f"{self._who()} writes {self.access_region}, but nothing orders it after the D2H copy on "
+                    f"{self.copy_stream} that backs up {self.copy_region}: {self.access_stream} waited on no "
+                    "event recorded after that")
+        if kind is RaceKind.STAGING_OVERWRITE:
+            return (f"{self._who()} rewrites {self.access_region}, but nothing orders it after the H2D copy on "
+                    f"{self.copy_stream} that reads {self.copy_region}: the host saw no event recorded after "
+                    "that copy complete")
         # The access writes only in a write-after-write; a copy over a read is write-after-read.
-        verb = "writes" if self.kind is RaceKind.WRITE_AFTER_WRITE else "reads"
+        verb = "writes" if kind is RaceKind.WRITE_AFTER_WRITE else "reads"
         access = f"{self._who()} {verb} {self.access_region}"
-        copy_verb = "overwrites" if self.kind is RaceKind.WRITE_AFTER_READ else "writes"
+        copy_verb = "overwrites" if kind is RaceKind.WRITE_AFTER_READ else "writes"
         copy = f"the H2D copy on {self.copy_stream} that {copy_verb} {self.copy_region}"
         first, later, waiter = (access, copy, self.copy_stream) if self.access_first else (
             copy, access, self.access_stream)
@@ -79,7 +118,8 @@ class Finding:
 @dataclass(frozen=True)
 class _Copy:
     stamp: Stamp  # its stream is the replay's stream inside a replay
-    region: Region
+    region: Region  # H2D: the device region it writes; D2H: the device region it reads
+    source: Region | None = None  # H2D: the host memory it reads, where tracked
 
 
 @dataclass(frozen=True)
@@ -96,16 +136,18 @@ class _Walker:
         self.names = trace.stream_names
         self.clocks = StreamClocks()
         self.events: dict[int, dict[StreamId, int]] = {}
-        self.copies: list[_Copy] = []
-        self.accesses: list[_Access] = []
+        self.copies: list[_Copy] = []  # H2D
+        self.backups: list[_Copy] = []  # D2H
+        self.accesses: list[_Access] = []  # kernels' reads and writes
         self.findings: list[Finding] = []
         self._seen: set[tuple] = set()
 
     def name(self, sid: StreamId) -> str:
-        return self.names.get(sid, f"stream{sid}")
+        return HOST if sid < 0 else self.names.get(sid, f"stream{sid}")
 
-    def report(self, kind: RaceKind, copy: _Copy, acc: _Access, first: bool) -> None:
-        key = (copy.region, acc.what, kind)
+    def report(self, kind: RaceKind, copy: _Copy, acc: _Access, first: bool, copy_region: Region | None = None) -> None:
+        region = copy_region or copy.region
+        key = (region, acc.what, kind)
         if key in self._seen:
             return
         self._seen.add(key)
@@ -113,7 +155,7 @@ class _Walker:
             Finding(
                 kind=kind,
                 copy_stream=self.name(copy.stamp.stream),
-                copy_region=copy.region,
+                copy_region=region,
                 access_stream=self.name(acc.stamp.stream),
                 access_region=acc.region,
                 what=acc.what,
@@ -132,6 +174,9 @@ class _Walker:
         if isinstance(op, HostWait):
             self.clocks.host_wait(self.events.get(op.event))
             return
+        if isinstance(op, HostWrite):
+            self.host_write(op)
+            return
         if isinstance(op, Replay):
             sid = op.stream if stream is None else stream
             for inner in op.body:
@@ -145,12 +190,21 @@ class _Walker:
                 return  # a Python-level wait: a replay never runs it
             self.clocks.wait(sid, self.events.get(op.event))
         elif isinstance(op, Copy):
-            copy = _Copy(self.clocks.stamp(sid), op.dst)
+            copy = _Copy(self.clocks.stamp(sid), op.dst, op.source)
             for acc in self.accesses:
                 if acc.region.overlaps(copy.region) and not self.clocks.ordered(sid, acc.stamp):
                     kind = RaceKind.WRITE_AFTER_WRITE if acc.is_write else RaceKind.WRITE_AFTER_READ
                     self.report(kind, copy, acc, True)
+            self.overwrites_backups(sid, op.dst, "H2D copy", in_replay)
             self.copies.append(copy)
+        elif isinstance(op, CopyToHost):
+            backup = _Copy(self.clocks.stamp(sid), op.src)
+            writers = [a for a in self.accesses if a.is_write] + [
+                _Access(c.stamp, c.region, True, "H2D copy", False) for c in self.copies]
+            for w in writers:
+                if w.region.overlaps(op.src) and not self.clocks.ordered(sid, w.stamp):
+                    self.report(RaceKind.STORE_BEFORE_COMPUTE, backup, w, True)
+            self.backups.append(backup)
         elif isinstance(op, Kernel):
             sides = [(r, False) for r in op.reads] + [(w, True) for w in op.writes]
             for region, is_write in sides:
@@ -159,9 +213,28 @@ class _Walker:
                     if copy.region.overlaps(region) and not self.clocks.ordered(sid, copy.stamp):
                         kind = RaceKind.WRITE_AFTER_WRITE if is_write else RaceKind.READ_AFTER_WRITE
                         self.report(kind, copy, acc, False)
+                if is_write:
+                    self.overwrites_backups(sid, region, op.what, in_replay)
                 self.accesses.append(acc)
         else:  # pragma: no cover - a new op type must be taught here
             raise TypeError(f"unknown trace op {op!r}")
+
+    def overwrites_backups(self, sid: StreamId, region: Region, what: str, in_replay: bool) -> None:
+        """A write to `region` on `sid`: a race with any earlier D2H copy of it not ordered before."""
+        for backup in self.backups:
+            if backup.region.overlaps(region) and not self.clocks.ordered(sid, backup.stamp):
+                acc = _Access(self.clocks.stamp(sid), region, True, what, in_replay)
+                self.report(RaceKind.REUSE_BEFORE_BACKUP, backup, acc, False)
+
+    def host_write(self, op: HostWrite) -> None:
+        """The host writes host memory: a race with any earlier H2D copy reading it that the host
+        has not seen complete."""
+        for region in op.regions:
+            acc = _Access(Stamp(-1, 0), region, True, op.what, False)
+            for copy in self.copies:
+                if (copy.source is not None and copy.source.overlaps(region)
+                        and not self.clocks.host_ordered(copy.stamp)):
+                    self.report(RaceKind.STAGING_OVERWRITE, copy, acc, False, copy.source)
 
 
 def find_races(trace: Trace) -> list[Finding]:

@@ -15,6 +15,10 @@ whatever is ordered is also later.)
   not covered by any earlier record); a stream first seen later starts there;
 - host wait on one event: every stream's clock (and the floor new streams start
   from) takes the pointwise max with the event's clock.
+
+The host's own clock is that floor: what it has seen complete (a synchronize, an
+event waited on or polled done). Work the host does itself (a write to pinned memory)
+is ordered after stream work only through it (`host_ordered`).
 """
 
 from __future__ import annotations
@@ -89,3 +93,7 @@ class StreamClocks:
     def ordered(self, sid: StreamId, stamp: Stamp) -> bool:
         """Is work stamped `stamp` ordered before work enqueued on `sid` now?"""
         return self.clock(sid).get(stamp.stream, -1) >= stamp.epoch
+
+    def host_ordered(self, stamp: Stamp) -> bool:
+        """Has the host seen work stamped `stamp` complete (so what it does now comes after)?"""
+        return self._floor.get(stamp.stream, -1) >= stamp.epoch

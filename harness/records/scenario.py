@@ -42,6 +42,10 @@ class Hazard(NamedEnum):
     RAW = "raw"  # read-after-write: a read before the copy lands (stale read)
     WAW = "waw"  # write-after-write: a late Mamba-state copy clobbers the state prefill wrote
     WAR = "war"  # write-after-read: the next batch's load-back overwrites slots a replay still reads
+    # The other direction (the write-back) and host buffers; `Scenario.transfer` names the variant.
+    STORE = "store_before_compute"  # a D2H backup copy reads slots before the forward wrote them
+    REUSE = "reuse_before_backup"  # the next batch writes slots whose D2H backup has not finished
+    STAGING = "staging_overwrite"  # a pinned staging buffer refilled while its H2D copy is pending
 
 
 class Pace(NamedEnum):
@@ -191,6 +195,9 @@ class Scenario:
     # (version range, expectation) as the file wrote them; `expect` is the one the installed
     # release of `engine` falls in (see harness.records.releases). None: `expect` as given.
     expect_by_release: tuple[tuple[str, str], ...] | None = None
+    # The write-back / staging path for the hazards that use one (harness.protocol.writeback):
+    # "engine" or a variant with one defect; None: the engine's.
+    transfer: str | None = None
     fault: Fault = field(default_factory=Fault)
     # For expect = race: the evidence the race must show (None: any). "data" is for a
     # scenario meant to show the data going wrong, not only the missing ordering.
@@ -209,6 +216,7 @@ class Scenario:
                 ("schedule", self.schedule, "layerwise"),
                 ("hazard", self.hazard.value, "raw"),
                 ("engine", self.engine, None),
+                ("transfer", self.transfer, None),
             )
             if value != default
         )

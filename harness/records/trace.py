@@ -31,6 +31,12 @@ class Pool:
     CONV = "conv"
     SSM = "ssm"
 
+    @staticmethod
+    def on_host(buffer: str, pool: str) -> str:
+        """The name of a host buffer's copy of a pool ("host_k", "backup_ssm"): host memory,
+        so it never overlaps a device region."""
+        return f"{buffer}_{pool}"
+
 
 @dataclass(frozen=True)
 class Region:
@@ -55,12 +61,42 @@ class Region:
 
 @dataclass(frozen=True)
 class Copy:
-    """An async host-to-device copy into `dst` (its payload: the device view and the host view)."""
+    """An async host-to-device copy into `dst` (its payload: the device view and the host view).
+
+    `source` names the host memory it reads, where that memory is ever written while a copy
+    may be pending (a pinned staging buffer the host refills): a copy reads its source when it
+    runs, not when it is enqueued.
+    """
 
     stream: StreamId
     dst: Region
     nbytes: int = field(default=0, compare=False)
     tensors: tuple[Any, Any] | None = field(default=None, compare=False, repr=False)
+    source: Region | None = None
+
+
+@dataclass(frozen=True)
+class CopyToHost:
+    """An async device-to-host copy (a write-back): it reads the device region `src` and
+    writes the host region `dst` (its payload: the host view and the device view)."""
+
+    stream: StreamId
+    src: Region
+    dst: Region
+    nbytes: int = field(default=0, compare=False)
+    tensors: tuple[Any, Any] | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class HostWrite:
+    """The host writes host memory the device may copy from (a refill of a staging buffer).
+
+    It is ordered after device work only by what the host saw complete (a synchronize, an
+    event it waited on or polled done), never by stream order.
+    """
+
+    regions: tuple[Region, ...]
+    what: str = ""
 
 
 @dataclass(frozen=True)
@@ -132,7 +168,7 @@ class Replay:
     body: tuple[Op, ...] = field(default=())
 
 
-Op = Copy | Record | Wait | Kernel | Delay | Hold | HostSync | HostWait | Replay
+Op = Copy | CopyToHost | HostWrite | Record | Wait | Kernel | Delay | Hold | HostSync | HostWait | Replay
 
 
 def describe(op: Op, names: dict[StreamId, str], indent: str = "") -> str:
@@ -142,7 +178,12 @@ def describe(op: Op, names: dict[StreamId, str], indent: str = "") -> str:
         return names.get(sid, f"stream{sid}")
 
     if isinstance(op, Copy):
-        return f"{indent}{name(op.stream)}: H2D copy -> {op.dst}"
+        source = f" (from {op.source})" if op.source is not None else ""
+        return f"{indent}{name(op.stream)}: H2D copy -> {op.dst}{source}"
+    if isinstance(op, CopyToHost):
+        return f"{indent}{name(op.stream)}: D2H copy {op.src} -> {op.dst}"
+    if isinstance(op, HostWrite):
+        return f"{indent}host: {op.what or 'write'} {', '.join(map(str, op.regions))}"
     if isinstance(op, Record):
         return f"{indent}{name(op.stream)}: record event {op.event}"
     if isinstance(op, Wait):
@@ -168,7 +209,8 @@ def describe(op: Op, names: dict[StreamId, str], indent: str = "") -> str:
 class SpanKind:
     """What a timeline span shows (plain strings keep JSON simple)."""
 
-    COPY = "copy"
+    COPY = "copy"  # host to device: the load-back
+    D2H = "d2h"  # device to host: the write-back
     RECORD = "record"
     WAIT = "wait"
     REPLAY = "replay"
@@ -178,7 +220,7 @@ class SpanKind:
     KERNEL = "kernel"  # a kernel that touches no pool
     HARNESS = "harness"  # the harness's own work around a replay: poisoning, observing, comparing
 
-    ALL = (COPY, RECORD, WAIT, REPLAY, DELAY, GATE, ACCESS, KERNEL, HARNESS)
+    ALL = (COPY, D2H, RECORD, WAIT, REPLAY, DELAY, GATE, ACCESS, KERNEL, HARNESS)
 
 
 @dataclass(frozen=True)

@@ -319,7 +319,8 @@ SPAN_STYLES = {
     "gate": SpanStyle("injected gate", "#ffe0b2", -0.36, 0.72, hatch="xx", edge="#ef6c00", z=1),
     "sync": SpanStyle("host synchronize", "#80cbc4", -0.36, 0.72, z=1),  # older results
     # The work itself, half height on top.
-    "copy": SpanStyle("copy (load-back)", "#1e88e5"),
+    "copy": SpanStyle("copy (load-back, H2D)", "#1e88e5"),
+    "d2h": SpanStyle("copy (write-back, D2H)", "#00897b", hatch="\\\\", edge="#004d40"),
     "access": SpanStyle("kernel on the pools", "#f9a825"),
     "kernel": SpanStyle("eager compute kernel", "#6a1b9a"),
     "wait": SpanStyle("stream wait", "#ec407a", -0.12, 0.24, z=4),
@@ -336,7 +337,9 @@ FIG_W = 11.0  # inches, the legend's column included
 def _timeline_title(name: str, timeline: dict) -> str:
     layers = ", ".join(str(x) for x in sorted(set(timeline.get("stale_layers") or []))) or "none"
     under = f" under {timeline['fault']}" if timeline.get("fault") else ""
-    return f"{name}: one replay{under}; stale layers {layers}"
+    backup = ", ".join(str(x) for x in sorted(set(timeline.get("backup_stale_layers") or [])))
+    wrong_copy = f"; host copy wrong: layers {backup}" if backup else ""
+    return f"{name}: one replay{under}; stale layers {layers}{wrong_copy}"
 
 
 def _draw_span(ax, s: dict, y: int, marked: bool, px_per_us: float) -> None:
@@ -359,7 +362,7 @@ def _draw_span(ax, s: dict, y: int, marked: bool, px_per_us: float) -> None:
                 va="top", fontsize=6.5, color="#455a64", clip_on=True)
 
 
-def _timeline_legend(spans: list[dict], stale: bool) -> list:
+def _timeline_legend(spans: list[dict], stale: bool, backup_stale: bool = False) -> list:
     handles: list = []
     for kind in [k for k in SPAN_STYLES if any(s["kind"] == k for s in spans)]:
         style = SPAN_STYLES[kind]
@@ -372,6 +375,9 @@ def _timeline_legend(spans: list[dict], stale: bool) -> list:
     if stale:
         handles.append(Patch(facecolor="white", edgecolor=STALE, hatch="///",
                              label="stale layer: its copy, and a read that beat it"))
+    if backup_stale:
+        handles.append(Patch(facecolor="white", edgecolor=STALE, hatch="///",
+                             label="a write-back copy whose host copy came out wrong"))
     return handles
 
 
@@ -388,7 +394,7 @@ def timeline_figure(name: str, timeline: dict | None) -> Figure | None:
     lanes = stream_order(spans)
     t0 = min(s["start_us"] for s in spans)
     t1 = max(s["end_us"] for s in spans)
-    handles = _timeline_legend(spans, bool(timeline.get("stale_layers")))
+    handles = _timeline_legend(spans, bool(timeline.get("stale_layers")), bool(timeline.get("backup_stale_layers")))
     fig = Figure(figsize=(FIG_W, max(1.5 + 0.75 * len(lanes), 0.6 + 0.2 * len(handles))), dpi=100,
                  layout="constrained")
     ax = fig.add_subplot()

@@ -51,6 +51,8 @@ def scenario_entry(r: ScenarioResult) -> dict:
         "final_state_stale_replays": t.final_state_replays,
         "output_only_replays": t.output_only_replays,
         "mean_stale_slot_fraction": t.mean_read_fraction,
+        "backup_stale_replays": t.backup_replays,
+        "backup_stale_layers": {str(k): v for k, v in sorted(t.backup_layer_counts.items())},
         "findings": [f.describe() for f in r.findings],
         "finding_records": [finding_record(f) for f in r.findings],  # the same, by field, in order
         "finding_kinds": dict(sorted(Counter(f.kind.value for f in r.findings).items())),
@@ -67,6 +69,7 @@ def scenario_entry(r: ScenarioResult) -> dict:
             "clock": r.clock,
             "spans": [as_plain(sp) for sp in r.timeline],
             "stale_layers": list(r.timeline_stale_layers),
+            "backup_stale_layers": list(r.timeline_backup_layers),
             "fault": r.timeline_fault,
         } if r.timeline else None,
         "timings": {

@@ -14,7 +14,8 @@ A document is one JSON object::
         finding_records
                     (optional: older files lack it) the findings again, one record per sentence and
                     in the same order, by what they mean: {kind: "read-after-write" |
-                    "write-after-write" | "write-after-read", copy_region, access_region (each
+                    "write-after-write" | "write-after-read" | "store-before-compute" |
+                    "reuse-before-backup" | "staging-overwrite", copy_region, access_region (each
                     {pool, layer, start, stop}), what (the kernel, "" for none), in_replay,
                     access_first (the access was enqueued before the copy), streams {copy,
                     access}: the labels of the copy's and the access's streams, by role}.
@@ -23,14 +24,20 @@ A document is one JSON object::
         and, when the run produced them:
         sweep       [{us, replays, stale_replays, stale_rate}]: detection against injected delay
                     (empty when the fault was not a sweep)
-        hazard      "raw" | "waw" | "war"
+        hazard      "raw" | "waw" | "war" | "store_before_compute" | "reuse_before_backup" |
+                    "staging_overwrite"
+        backup_stale_replays, backup_stale_layers {layer: replays}
+                    (optional: older files lack them) replays whose write-back host copy differed
+                    from ground truth, and in which layers
         fault_mode  how the fault was built, e.g. "gate (cuStreamWaitValue32)", or null
         fault_text  the fault in words, e.g. "delay 1000us each"
-        timeline    {clock: "virtual" | "device", stale_layers: [int],
+        timeline    {clock: "virtual" | "device", stale_layers: [int], backup_stale_layers?: [int],
                      spans: [{stream, name, kind, start_us, end_us, layer?}]}: one traced
-                    replay, or null; span kinds: copy record wait replay delay gate access kernel (sync in older files)
+                    replay, or null; span kinds: copy (host to device) d2h (device to host) record
+                    wait replay delay gate access kernel harness (sync in older files)
     mutants         (optional) {matrix: [{name, role: "mutant" | "correct", variant, outcome:
-                    "killed" | "survived" | "clean" | "flagged" | "error", stale_rate, findings}]}
+                    "killed" | "survived" | "clean" | "flagged" | "error", stale_rate, findings,
+                    data_in? ["reads" | "final state" | "host copy" | "output"], finding_kinds? [kind]}]}
     bench           (optional) {clock, points: [{model, layers, prefix, new, strategy, median_ms,
                                 p10_ms, p90_ms, repeats, ratio_to_bound, load_ms, compute_ms,
                                 forward_start_ms}]}: `fence-harness bench`
@@ -57,6 +64,7 @@ from pathlib import Path
 
 from harness.records.analysis import RaceKind
 from harness.records.errors import ReportInputError
+from harness.records.scenario import Hazard
 from harness.records.trace import SpanKind
 from harness.report.results import SCHEMA_VERSION
 
@@ -109,7 +117,9 @@ SCENARIO = {
     "timings": {"replays_per_s": NUMBER, "wall_s?": NUMBER, "replay_loop_s?": NUMBER},
     "definition?": {"backend?": STR, "fence?": STR, "waits?": BOOL, "accessor?": STR},
     "sweep?": [{"us": NUMBER, "replays": INT, "stale_replays": INT, "stale_rate": NUMBER}],
-    "hazard?": OneOf("raw", "waw", "war"),
+    "hazard?": OneOf(*Hazard.names()),
+    "backup_stale_replays?": INT,
+    "backup_stale_layers?": MapOf(INT),
     "fault_mode?": Nullable(STR),
     "fault_text?": STR,
     "timeline?": Nullable({
@@ -117,6 +127,7 @@ SCENARIO = {
         "spans": [{"stream": STR, "name": STR, "kind": SPAN_KINDS, "start_us": NUMBER,
                    "end_us": NUMBER, "layer?": INT}],
         "stale_layers": [INT],
+        "backup_stale_layers?": [INT],
         "fault?": STR,
     }),
 }

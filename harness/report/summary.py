@@ -105,7 +105,8 @@ def variant_label(s: dict) -> str:
     """backend+fence, the axis the detection plot groups by ("full+none", "eager+none, accessor none").
 
     The accessors' wait policy is named only when it is not the engine's per-layer default:
-    `accessor` in current definitions, `waits` (true/false) in older ones.
+    `accessor` in current definitions, `waits` (true/false) in older ones; the transfer path
+    when a scenario names one.
     """
     d = s.get("definition") or {}
     if "backend" not in d or "fence" not in d:
@@ -115,6 +116,8 @@ def variant_label(s: dict) -> str:
         label += ", waits off"
     if d.get("accessor", "per_layer") != "per_layer":
         label += f", accessor {d['accessor']}"
+    if d.get("transfer"):  # the write-back / staging path's variant
+        label += f", transfer {d['transfer']}"
     return label
 
 
@@ -276,8 +279,12 @@ def _matrix_block(doc: dict) -> list[str]:
     clean = sum(m["outcome"] == "clean" for m in correct)
     lines = [f"**Kill matrix**: {killed}/{len(mutants)} mutants killed, "
              f"{clean}/{len(correct)} correct variants clean", ""]
-    return lines + _table(["scenario", "role", "outcome", "stale rate", "findings"],
-                          [[m["name"], m["role"], m["outcome"], f"{m['stale_rate']:.1%}", m["findings"]]
+    # Where the data showed it and the analyser's kinds (older files lack both: "-").
+    return lines + _table(["scenario", "role", "outcome", "stale rate", "data in", "findings"],
+                          [[m["name"], m["role"], m["outcome"], f"{m['stale_rate']:.1%}",
+                            ", ".join(m.get("data_in") or []) or "-",
+                            f"{m['findings']} ({', '.join(m['finding_kinds'])})" if m.get("finding_kinds")
+                            else m["findings"]]
                            for m in matrix])
 
 

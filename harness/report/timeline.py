@@ -2,6 +2,8 @@
 
 One process, one thread per stream (named by thread_name metadata, in `stream_order`), one
 complete ("X") event per span with timestamps in microseconds, which is the format's own unit.
+Each event's category is its span kind: "copy" for a host-to-device copy (the load-back), "d2h"
+for a device-to-host copy (the write-back), so a trace viewer can show or hide either direction.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from harness.report.results import write_atomic
 
 PID = 1
 _LAYER = re.compile(r"\bL(\d+)\b")
-LEADING_STREAMS = ("forward", "load")  # the work under test, then the load-back it must wait for
+# The work under test, the load-back it must wait for, then the write-back that must wait for it.
+LEADING_STREAMS = ("forward", "load", "write-back")
 
 
 def stream_order(spans: list[dict]) -> list[str]:
-    """The streams of a timeline, top to bottom: forward, then load, then any other (the
-    capture side stream, the host) in order of first appearance. Every timeline of a report
-    reads the same way, whichever stream happened to act first."""
+    """The streams of a timeline, top to bottom: forward, load, write-back, then any other (the
+    capture side stream, the scheduler's) in order of first appearance. Every timeline of a
+    report reads the same way, whichever stream happened to act first."""
     seen = list(dict.fromkeys(s["stream"] for s in spans))
     return [s for s in LEADING_STREAMS if s in seen] + [s for s in seen if s not in LEADING_STREAMS]
 
@@ -36,13 +39,15 @@ def span_layer(span: dict) -> int | None:
 
 def stale_marks(timeline: dict) -> list[bool]:
     """Per span: is it a stale layer's copy, or a read of a stale layer that began before that
-    layer's last copy ended (a read that beat its data)?
+    layer's last copy ended (a read that beat its data), or a device-to-host copy of a layer
+    whose host copy came out wrong (`backup_stale_layers`)?
 
     Later reads of the same layer, such as the harness's own look at the state after the
     fence, are not marked.
     """
     spans = timeline["spans"]
     stale = set(timeline.get("stale_layers") or [])
+    backup = set(timeline.get("backup_stale_layers") or [])
     landed: dict[int | None, float] = {}  # looked up by span_layer(s), which may be None
     for s in spans:
         layer = span_layer(s)
@@ -51,6 +56,9 @@ def stale_marks(timeline: dict) -> list[bool]:
     marks = []
     for s in spans:
         layer = span_layer(s)
+        if s["kind"] == "d2h":
+            marks.append(layer in backup)
+            continue
         early_read = s["kind"] == "access" and s["start_us"] < landed.get(layer, math.inf)
         marks.append(layer in stale and (s["kind"] == "copy" or early_read))
     return marks
@@ -75,6 +83,8 @@ def chrome_trace(timeline: dict, name: str = "fence-harness") -> dict:
             "ts": s["start_us"], "dur": max(0.0, s["end_us"] - s["start_us"]), "args": args,
         })
     other = {"clock": timeline["clock"], "stale_layers": sorted(stale)}
+    if timeline.get("backup_stale_layers"):
+        other["backup_stale_layers"] = sorted(set(timeline["backup_stale_layers"]))
     if timeline.get("fault"):
         other["fault"] = timeline["fault"]
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}

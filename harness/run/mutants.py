@@ -6,6 +6,11 @@ expectation: a race, shown by stale data in some replay or by an unordered
 copy/access pair in the op list (the happens-before analyser), or by the evidence
 the scenario demands. The evidence is kept apart, so a report can say which
 caught it. A correct variant is flagged on either kind of evidence.
+
+A row also says where the data went wrong (what the forward read, the post-prefill state,
+the write-back's host copy) and which race kinds the analyser found, so the matrix shows
+each mutant caught as its own hazard (a write-back mutant by its host copy and a
+store-before-compute finding, not by some other race it happens to have).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 
 from harness.records.plain import as_plain
 from harness.records.scenario import Expect
+from harness.run.oracle import Tally
 from harness.run.pipeline import ScenarioResult
 
 
@@ -42,6 +48,8 @@ class MatrixRow:
     findings: int
     evidence: tuple[str, ...]  # "data", "analysis"
     error: str | None = None
+    data_in: tuple[str, ...] = ()  # where the data went wrong: "reads", "final state", "host copy", "output"
+    finding_kinds: tuple[str, ...] = ()  # the analyser's race kinds, in the order first found
 
     @property
     def ok(self) -> bool:
@@ -73,7 +81,17 @@ def classify(r: ScenarioResult) -> MatrixRow:
         findings=len(r.findings),
         evidence=evidence,
         error=r.error,
+        data_in=data_in(r.tally),
+        finding_kinds=tuple(dict.fromkeys(f.kind.value for f in r.findings)),
     )
+
+
+def data_in(t: Tally) -> tuple[str, ...]:
+    """Where a scenario's stale replays went wrong: what the forward read, the post-prefill
+    Mamba state, the write-back's host copy, or only the output (nondeterminism)."""
+    seen = {"reads": bool(t.layer_counts), "final state": bool(t.final_state_replays),
+            "host copy": bool(t.backup_replays), "output": bool(t.output_only_replays)}
+    return tuple(k for k, shown in seen.items() if shown)
 
 
 def matrix_ok(rows: list[MatrixRow]) -> bool:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.model.arena import FINAL, OUTPUT, READ, ArenaLayout, Unit
+from harness.model.arena import BACKUP, FINAL, OUTPUT, READ, ArenaLayout, Unit
 from harness.records.scenario import Tolerance
 
 Group = tuple[str, int, str]  # (kind, layer, pool)
@@ -37,6 +37,7 @@ class ReplayVerdict:
     pools: frozenset[str] = frozenset()  # pools whose reads were stale
     final_state_layers: frozenset[int] = frozenset()  # post-prefill Mamba state differs
     output_differs: bool = False
+    backup_layers: frozenset[int] = frozenset()  # layers whose write-back host copy differs
     # The replay's unit mask (CPU) and the units it runs over: `slots` reads them on demand.
     mask: torch.Tensor | None = field(default=None, repr=False, compare=False)
     units: list[Unit] | None = field(default=None, repr=False, compare=False)
@@ -156,6 +157,7 @@ class Oracle:
             pools=frozenset(pool for _, pool, _ in reads),
             final_state_layers=frozenset(layer for (kind, layer, _), _ in stale if kind == FINAL),
             output_differs=any(kind == OUTPUT for (kind, _, _), _ in stale),
+            backup_layers=frozenset(layer for (kind, layer, _), _ in stale if kind == BACKUP),
             mask=mask,
             units=self.units,
         )
@@ -177,6 +179,8 @@ class Tally:
     final_state_replays: int = 0
     output_only_replays: int = 0  # output differs but every read was right: nondeterminism
     read_fraction_sum: float = 0.0
+    backup_replays: int = 0  # the write-back's host copy differs
+    backup_layer_counts: Counter = field(default_factory=Counter)
 
     def add(self, v: ReplayVerdict) -> None:
         self.replays += 1
@@ -188,6 +192,8 @@ class Tally:
         self.final_state_replays += bool(v.final_state_layers)
         self.output_only_replays += bool(v.output_differs and not v.stale_reads and not v.final_state_layers)
         self.read_fraction_sum += v.read_fraction
+        self.backup_replays += bool(v.backup_layers)
+        self.backup_layer_counts.update(v.backup_layers)
 
     @property
     def stale_rate(self) -> float:

@@ -47,6 +47,7 @@ class ScenarioResult:
     sweep: list[SweepPoint] = field(default_factory=list)  # per delay point (sweep faults)
     timeline: list[Span] = field(default_factory=list)  # the traced replay's streams in time
     timeline_stale_layers: tuple[int, ...] = ()  # layers the traced replay read stale
+    timeline_backup_layers: tuple[int, ...] = ()  # layers whose write-back host copy it got wrong
     timeline_fault: str = ""  # the fault the traced replay ran under (a sweep's: its last point)
     clock: str = "device"  # the timeline's clock: device time, or the simulator's virtual time
     verdict: Verdict | None = None  # decided once, when the scenario has ended
@@ -115,6 +116,7 @@ def run_scenario(
         result.timeline = dev.timeline(trace)
         result.clock = dev.clock
         result.timeline_stale_layers = tuple(sorted(traced.layers))
+        result.timeline_backup_layers = tuple(sorted(traced.backup_layers))
         gc_was_on = gc.isenabled()
         gc.disable()  # a collector pause mid-replay is host jitter the race test need not see
         t1 = time.perf_counter()

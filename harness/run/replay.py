@@ -10,7 +10,8 @@ One replay, on the forward stream:
    load stream, with the fault's delays or the gate);
 3. the fence runs (it may enqueue waits, block the host, or pick another runner);
 4. the forward (a graph replay, graph segments, or eager steps);
-5. the hazard's work after the forward (write-after-read: the next batch's load);
+5. the hazard's work after the forward (write-after-read: the next batch's load;
+   the write-back hazards: the write-back, and the next batch's reuse or refill);
 6. the gate opens (once the forward has run, or after `hold_us` when a correct fence
    keeps it waiting);
 7. the harness's observation: the forward stream first waits for every stream the
@@ -38,6 +39,7 @@ from harness.devices.base import Device, Event, Gate, Stream
 from harness.model.runners import EagerRunner, Runner
 from harness.protocol.accessors import per_layer
 from harness.protocol.fences import FenceContext
+from harness.protocol.hazards import Racing
 from harness.protocol.schedules import LoadOp, layerwise
 from harness.records.errors import (
     GateTimeout,
@@ -87,7 +89,7 @@ def ground_truth(tb: Testbed, timeout_s: float) -> Oracle:
         tb.start_load(plan, schedule=layerwise)
         dev.synchronize(timeout_s)
         EagerRunner(dev, tb.model, tb.counter).run()
-        tb.hazard.after_forward(tb.bed, plan, tb.other_load(layerwise))
+        tb.hazard.after_forward(tb.bed, plan, tb.other_load(layerwise), truth=True)
         dev.synchronize(timeout_s)
         tb.model.collect_final_state()
         dev.launch(lambda: truth.copy_(arena), what="ground truth")
@@ -119,12 +121,18 @@ class _Gating:
     def __init__(self, tb: Testbed, gate: Gate):
         self.tb, self.gate = tb, gate
         self.on_forward = tb.hazard.holds_forward
+        self.on_hazard = tb.hazard.holds_own
         self.hold_s = tb.scenario.fault.hold_us * 1e-6
 
     @property
     def on_load(self) -> Gate | None:
         """The gate a load op's schedule holds (`LoadOp.hold`), or None."""
-        return None if self.on_forward else self.gate
+        return None if self.on_forward or self.on_hazard else self.gate
+
+    @property
+    def for_hazard(self) -> Gate | None:
+        """The gate a hazard holds on a stream of its own (the write-back's), or None."""
+        return self.gate if self.on_hazard else None
 
     def before_forward(self) -> None:
         if self.on_forward:
@@ -133,9 +141,9 @@ class _Gating:
     def after_forward(self) -> None:
         self.tb.ran.record()
 
-    def open(self, op: LoadOp | None, racing: LoadOp | None) -> None:
+    def open(self, op: LoadOp | None, racing: Racing | None) -> None:
         # Held where the harness knows (a schedule that holds it unseen is the watchdog's).
-        if self.on_forward or (op is not None and op.held):
+        if self.on_forward or self.on_hazard or (op is not None and op.held):
             self.tb.dev.host_wait(racing.finish_event if racing is not None else self.tb.ran, self.hold_s)
             self.gate.release()
 
@@ -152,7 +160,7 @@ class _Gating:
 
 class _NoGate(_Gating):
     def __init__(self) -> None:
-        self.on_forward = False
+        self.on_forward = self.on_hazard = False
 
     @property
     def on_load(self) -> Gate | None:
@@ -164,7 +172,7 @@ class _NoGate(_Gating):
     def after_forward(self) -> None:
         pass
 
-    def open(self, op: LoadOp | None, racing: LoadOp | None) -> None:
+    def open(self, op: LoadOp | None, racing: Racing | None) -> None:
         pass
 
     def release(self) -> None:
@@ -293,7 +301,7 @@ class Replayer:
             runner.run()
             marks.take(dev, tb.forward, "end")
             gating.after_forward()
-            racing = tb.hazard.after_forward(tb.bed, plan, self.other_load)
+            racing = tb.hazard.after_forward(tb.bed, plan, self.other_load, gating.for_hazard)
         gating.open(op, racing)
         self.observer.after(row)
         tb.counter.set_consumer(-1)  # the batch has run: the load's slots are the scheduler's again

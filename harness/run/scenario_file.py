@@ -453,6 +453,16 @@ def _release_expectations(value: Any, key: str) -> ReleaseExpectations:
         raise _Invalid(key, str(e)) from None
 
 
+def _transfer(value: Any, key: str) -> str:
+    from harness.protocol.writeback import TRANSFERS
+
+    names = list(TRANSFERS)
+    _string(value, key, f"a transfer path, one of: {', '.join(names)}")
+    if value not in TRANSFERS:
+        raise _Invalid(key, f"unknown transfer path {value!r}; valid: {', '.join(names)}{_did_you_mean(value, names)}")
+    return value
+
+
 def _plugin(kind: Kind) -> Parser:
     def parse(value: Any, key: str) -> str:
         _string(value, key, f"a {kind.value} name or 'package.module:callable'")
@@ -498,6 +508,7 @@ _SCENARIO_FIELDS: dict[str, Callable[..., Any]] = {
     "hazard": _enum(Hazard),
     "pace": _enum(Pace),
     "engine": lambda value, key: _engine(value, key),
+    "transfer": _transfer,
     "fault": _fault,
     "expect": _enum(Expect),
     "expect_by_release": _release_expectations,
@@ -591,6 +602,15 @@ def _scenario(
             "hazard 'waw' needs Mamba layers (an M in model.layers): only Mamba state "
             "is written in place by prefill",
         )
+    if values.get("transfer") is not None:
+        from harness.protocol.hazards import HAZARDS
+
+        hazard = values.get("hazard", Hazard.RAW)
+        if not HAZARDS[hazard].uses_transfer:
+            users = ", ".join(h.value for h in Hazard if HAZARDS[h].uses_transfer)
+            raise _Invalid(f"{prefix}.transfer",
+                           f"transfer names the write-back / staging path, which hazard {hazard.value!r} does "
+                           f"not run; it needs hazard = one of: {users}")
     return Scenario(**values, source=source)
 
 

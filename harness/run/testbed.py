@@ -12,11 +12,12 @@ from harness.model.runners import Runner, make_runner
 from harness.model.stack import HybridModel
 from harness.protocol.accessors import AccessorPolicy
 from harness.protocol.fences import FenceSetup
-from harness.protocol.hazards import HazardBed, make_hazard
+from harness.protocol.hazards import HAZARDS, HazardBed, make_hazard
 from harness.protocol.layout import plan_layout, prefix_regions
 from harness.protocol.loadback import CopyPlan, LayerDoneCounter, plan_copies
 from harness.protocol.pools import HostPool, HybridPool
 from harness.protocol.schedules import LayerListener, LoadOp, Schedule, start_loading
+from harness.protocol.writeback import HostBackup, WriteBack, transfer_policy
 from harness.records.errors import ReplayTimeout
 from harness.records.faults import FaultPlan
 from harness.records.scenario import Backend, FaultKind, Scenario
@@ -39,7 +40,9 @@ class Testbed:
         self.layout = layout = plan_layout(s.model, s.batch)
         self.pool = HybridPool(dev, layout)
         self.host = HostPool(dev, layout, s.seed)
-        self.model = HybridModel(dev, layout, self.pool, s.seed)
+        # The write-back's host copy, for the hazards that back up: the model's probes observe it.
+        backup = HostBackup(dev, layout) if HAZARDS[s.hazard].backs_up else None
+        self.model = HybridModel(dev, layout, self.pool, s.seed, backup)
         n = layout.shape.num_layers
         self.counter: Any = load_engine(s.engine).counter(dev, n) if s.engine else LayerDoneCounter(dev, n)
         self.forward = dev.Stream("forward")
@@ -53,7 +56,9 @@ class Testbed:
         self.accessor: AccessorPolicy = resolve(Kind.ACCESSOR, s.accessor, s.source, "accessor")
         self.schedule: Schedule = resolve(Kind.SCHEDULE, s.schedule, s.source, "schedule")
         targets = tuple(r for lid in range(n) for r in prefix_regions(layout, lid))
-        self.bed = HazardBed(dev, layout, self.pool, self.copies, targets, s.poison, s.seed, chunks)
+        self.writeback = WriteBack(dev, layout, self.pool, self.forward, backup) if backup is not None else None
+        self.bed = HazardBed(dev, layout, self.pool, self.copies, targets, s.poison, s.seed, chunks, self.host,
+                             self.load, transfer_policy(s.transfer), self.writeback, timeout_s)
         self.hazard = make_hazard(s.hazard, self.bed)
 
     def start_load(self, plan: FaultPlan, *, schedule: Schedule | None = None, gate: Any = None,
