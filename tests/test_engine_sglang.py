@@ -77,6 +77,65 @@ def test_the_engines_waits_dropped_is_caught_and_the_same_call_with_them_is_as_e
     assert (waited.tally.stale_replays == 0 and not waited.findings) is FIXED
 
 
+def _by_layers(layers):
+    return next(s for s in SCENARIOS if s.model.layers == layers)
+
+
+@pytest.mark.parametrize("layers, kv_pool", [("AAAA", "MHATokenToKVPool"), ("MMMM", "HybridLinearKVPool"),
+                                             ("AMAM", "HybridLinearKVPool")])
+def test_the_pools_are_the_engines_and_their_tensors_back_the_copies(layers, kv_pool):
+    b = Testbed(_by_layers(layers), SimDevice())
+    mp = adapter.load().modules[adapter.MEMORY]
+    assert type(b.pool.engine_kv_pool) is getattr(mp, kv_pool)
+    engine_tensors = [*b.pool.kv.k, *b.pool.kv.v]
+    if "M" in layers:
+        assert type(b.pool.req_pool) is mp.HybridReqToTokenPool
+        assert type(b.pool.req_pool.mamba_pool) is mp.MambaPool
+        engine_tensors += [b.pool.req_pool.mamba_pool.mamba_cache.conv[0],
+                           b.pool.req_pool.mamba_pool.mamba_cache.temporal]
+    storages = {t.untyped_storage().data_ptr() for t in engine_tensors}
+    copies = [c for layer in b.copies for chunk in layer for c in chunk]
+    assert copies and all(c.dst.untyped_storage().data_ptr() in storages for c in copies)
+
+
+def test_the_engines_policy_registers_its_counter_and_a_mutant_runs_on_the_harness_side():
+    from harness.protocol.accessors import kv_only, per_layer
+
+    b = Testbed(_by_layers("AMAM"), SimDevice())
+    b.set_waits(per_layer)
+    assert b.pool.engine_kv_pool.layer_transfer_counter is b.counter
+    assert b.pool.req_pool.layer_transfer_counter is b.counter
+    b.set_waits(kv_only)  # the engine's own waits off: the mutant is not masked by them
+    assert b.pool.engine_kv_pool.layer_transfer_counter is None and b.pool.req_pool.layer_transfer_counter is None
+
+
+@pytest.mark.parametrize("layers", ["AAAA", "MMMM", "AMAM"])
+def test_the_models_reads_go_through_the_engines_accessors_and_their_waits(layers, monkeypatch):
+    mp = adapter.load().modules[adapter.MEMORY]
+    calls = []
+    for cls, name in ((mp.MHATokenToKVPool, "get_key_buffer"), (mp.HybridLinearKVPool, "get_key_buffer"),
+                      (mp.HybridReqToTokenPool, "mamba2_layer_cache")):
+        original = getattr(cls, name)
+
+        def spy(self, layer_id, *a, _original=original, _name=f"{cls.__name__}.{name}", **k):
+            calls.append((_name, layer_id))
+            return _original(self, layer_id, *a, **k)
+
+        monkeypatch.setattr(cls, name, spy)
+    counter_cls = adapter.load().controller.LayerDoneCounter
+    waits = []
+    wait_until = counter_cls.wait_until
+    monkeypatch.setattr(counter_cls, "wait_until", lambda self, i: (waits.append(i), wait_until(self, i))[1])
+    s = _by_layers(layers).with_overrides(backend=Backend.EAGER, fence="none")
+    r = run_scenario(s, SimDevice(), replays=2)
+    assert r.error is None and r.tally.stale_replays == 0
+    expected = {("HybridReqToTokenPool.mamba2_layer_cache" if k == "M" else
+                 ("MHATokenToKVPool" if layers == "AAAA" else "HybridLinearKVPool") + ".get_key_buffer", lid)
+                for lid, k in enumerate(layers)}
+    assert expected <= set(calls)  # (the hybrid KV pool then asks its own full-attention pool)
+    assert set(waits) == set(range(len(layers)))  # each layer's wait: the engine counter's, from its accessor
+
+
 def test_breakable_accessor_waits_go_through_the_engine_counter():
     s = next(s for s in SCENARIOS if s.backend is Backend.BREAKABLE)
     r = run_scenario(s, SimDevice(), replays=2)

@@ -8,12 +8,14 @@ from typing import Any, Protocol
 
 
 class Adapter(Protocol):
-    """A loaded engine: its version, and its own load-event counter on a harness device."""
+    """A loaded engine: its version, its own load-event counter and device pools on a harness device."""
 
     @property
     def version(self) -> str: ...  # read-only, so a frozen dataclass can be one
 
     def counter(self, dev: Any, num_layers: int) -> Any: ...
+
+    def pools(self, dev: Any, layout: Any) -> Any: ...  # the engine's device pools (a HybridPool)
 
 
 @dataclass(frozen=True)

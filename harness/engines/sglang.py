@@ -7,6 +7,9 @@ the release's own `PrefillCudaGraphRunner.execute`, not by the adapter.
 - `LayerDoneCounter` / `LayerLoadingEvent` (`sglang/srt/managers/cache_controller.py`):
   the load-event ring the pools' accessors wait through; its events are made on the
   harness's device (the module's `device_module` is pointed at it).
+- the device pools (`MHATokenToKVPool`, `HybridLinearKVPool`, `HybridReqToTokenPool` with
+  its `MambaPool`, `sglang/srt/mem_cache/memory_pool.py`): the model's KV and Mamba state
+  and their waiting accessors (`harness.engines.sglang_pools`).
 - `PrefillCudaGraphRunner.execute` (`.../model_executor/runner/prefill_cuda_graph_runner.py`),
   called unbound on an instance of the engine's own class made without `__init__`, so
   every `self.method` it calls is that release's; its body replay is the engine's own
@@ -36,6 +39,8 @@ ATTENTION = "sglang.srt.layers.attention.base_attn_backend"
 # The engine's own test helper that publishes a process's runtime configuration (the
 # releases that read one in `execute` have it; one that has none publishes nothing).
 TEST_UTILS = "sglang.test.test_utils"
+MEMORY = "sglang.srt.mem_cache.memory_pool"
+MAMBA = "sglang.srt.configs.mamba_utils"
 
 # What the adapter uses, by module: the names must exist or the adapter refuses to run.
 NEEDED = {
@@ -46,6 +51,9 @@ NEEDED = {
     BATCH: ("ForwardBatch", "ForwardMode.EXTEND", "CaptureHiddenMode.NULL"),
     SPEC: ("SpeculativeAlgorithm.NONE",),
     ATTENTION: ("AttentionBackend",),
+    MEMORY: ("MHATokenToKVPool.get_key_buffer", "MHATokenToKVPool.get_value_buffer", "HybridLinearKVPool",
+             "HybridReqToTokenPool.mamba2_layer_cache", "MambaPool.mamba2_layer_cache"),
+    MAMBA: ("Mamba2CacheParams", "Mamba2StateShape", "Mamba2StateDType"),
 }
 INSTALL = "make test-engine, or: pip install '.[sglang]' && pip install --no-deps sglang==0.5.23"
 
@@ -69,6 +77,12 @@ class Sglang:
         """The engine's own LayerDoneCounter, its events made on the harness's device."""
         self.bind(dev)
         return self.controller.LayerDoneCounter(num_layers)
+
+    def pools(self, dev, layout):
+        """The engine's own device pools for the layout, behind the harness's pool interface."""
+        from harness.engines.sglang_pools import EnginePools  # torch: not at the command line's start
+
+        return EnginePools(self.modules, dev, layout)
 
     def bind(self, dev) -> None:
         # LayerLoadingEvent reads the module-level device_module when it makes events and

@@ -31,6 +31,38 @@ class _Waits:
             policy(self.counter, layer_id, pool)
 
 
+class LayerTensors:
+    """One tensor per layer, indexed as one stacked tensor is: `[i, ...]` is layer i's
+    tensor indexed by the rest, `[:, ...]` every layer's (what `fill_` then fills).
+
+    An engine's KV pool allocates each layer apart (`harness.engines.sglang_pools`).
+    """
+
+    def __init__(self, tensors: Sequence[torch.Tensor]):
+        self.tensors = list(tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    def __getitem__(self, key: Any) -> Any:
+        first, rest = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
+        if isinstance(first, int):
+            return self.tensors[first][rest] if rest else self.tensors[first]
+        return _EachLayer([t[rest] if rest else t for t in self.tensors[first]])
+
+
+class _EachLayer(list):
+    """The same index of several layers' tensors: `fill_` fills each."""
+
+    def fill_(self, value: Any) -> _EachLayer:
+        for t in self:
+            t.fill_(value)
+        return self
+
+
 class KVPool:
     """Device KV pool: K and V per attention layer, indexed [layer, slot, kv_head, dim]."""
 
@@ -39,8 +71,9 @@ class KVPool:
         n = max(len(s.attention_layers), 1)
         self.layer_index = {lid: i for i, lid in enumerate(s.attention_layers)}
         shape = (n, layout.kv_slots, s.kv_heads, s.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype_of(s.dtype), device=dev.torch_device)
-        self.v = torch.zeros_like(self.k)
+        # an engine's pool holds one tensor per layer (LayerTensors), indexed alike
+        self.k: torch.Tensor | LayerTensors = torch.zeros(shape, dtype=dtype_of(s.dtype), device=dev.torch_device)
+        self.v: torch.Tensor | LayerTensors = torch.zeros(shape, dtype=dtype_of(s.dtype), device=dev.torch_device)
         self._waits = waits
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:

@@ -38,13 +38,14 @@ class Testbed:
         s = scenario
         self.scenario, self.dev, self.timeout_s = s, dev, timeout_s
         self.layout = layout = plan_layout(s.model, s.batch)
-        self.pool = HybridPool(dev, layout)
+        engine = load_engine(s.engine) if s.engine else None
+        self.pool = engine.pools(dev, layout) if engine else HybridPool(dev, layout)  # the engine's own pools
         self.host = HostPool(dev, layout, s.seed)
         # The write-back's host copy, for the hazards that back up: the model's probes observe it.
         backup = HostBackup(dev, layout) if HAZARDS[s.hazard].backs_up else None
         self.model = HybridModel(dev, layout, self.pool, s.seed, backup)
         n = layout.shape.num_layers
-        self.counter: Any = load_engine(s.engine).counter(dev, n) if s.engine else LayerDoneCounter(dev, n)
+        self.counter: Any = engine.counter(dev, n) if engine else LayerDoneCounter(dev, n)
         self.forward = dev.Stream("forward")
         self.load = dev.Stream("load")
         self.ran = dev.Event()  # recorded after the forward, when a gate waits for it

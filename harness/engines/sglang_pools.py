@@ -1,0 +1,164 @@
+"""SGLang's own device pools, as the harness's model, load-back and hazards reach them.
+
+The pools are the engine's objects, built on the harness's device with no server
+arguments (`sglang/srt/mem_cache/memory_pool.py`):
+
+- an attention-only model: `MHATokenToKVPool`;
+- a model with Mamba layers: `HybridReqToTokenPool`, which builds the engine's `MambaPool`,
+  and `HybridLinearKVPool` over it, whose full-attention layers are an `MHATokenToKVPool`.
+
+Their tensors are the pools' memory: the harness's copy plan, hazards and probes index the
+engine's per-layer K/V buffers and its stacked conv / temporal state, and the harness's
+accessors are the engine's (`get_key_buffer`, `get_value_buffer`,
+`HybridReqToTokenPool.mamba2_layer_cache`), so every accessor wait is the engine's own
+`layer_transfer_counter.wait_until(layer_id - start_layer)`.
+
+The counter is registered on the pools as `HiCacheController` registers it
+(`register_layer_transfer_counter`) while the accessor policy in force is the engine's own
+(`per_layer`); any other policy (a mutant such as `none` or `kv_only`, a plugin, a fence's
+own added wait) runs on the harness's side of the accessor, the engine pools' own waits
+then off, so a mutant is not masked by the engine's wait.
+
+Constructors are called with what their signature (`inspect.signature`) asks for, from
+what the harness knows; one that needs something more is an EngineContractBroken naming it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from harness.devices.base import Device, dtype_of
+from harness.protocol.accessors import AccessorPolicy, per_layer
+from harness.protocol.layout import Layout
+from harness.protocol.pools import HybridPool, KVPool, LayerTensors, MambaPool, _Waits
+from harness.records.errors import EngineContractBroken
+
+MEMORY = "sglang.srt.mem_cache.memory_pool"
+MAMBA = "sglang.srt.configs.mamba_utils"
+
+
+def construct(cls: Any, **known: Any) -> Any:
+    """`cls(...)` with the known arguments its signature names; an error naming any it
+    requires that the harness does not know."""
+    params = inspect.signature(cls).parameters
+    missing = [n for n, p in params.items()
+               if n not in known and p.default is inspect.Parameter.empty
+               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if missing:
+        raise EngineContractBroken(f"{cls.__name__} requires {', '.join(missing)}, which the harness cannot give")
+    return cls(**{n: v for n, v in known.items() if n in params})
+
+
+class EngineKV(KVPool):
+    """The harness's KV pool interface over the engine's KV pool: its buffers and accessors."""
+
+    def __init__(self, engine_pool: Any, layer_ids: Sequence[int], waits: _Waits):
+        self.engine = engine_pool
+        self.layer_index = {lid: i for i, lid in enumerate(layer_ids)}
+        mha = getattr(engine_pool, "full_kv_pool", engine_pool)  # the hybrid pool's full-attention layers
+        self.k = LayerTensors(mha.k_buffer)
+        self.v = LayerTensors(mha.v_buffer)
+        self._waits = waits
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        self._waits(layer_id, "kv")
+        return self.engine.get_key_buffer(layer_id)
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        self._waits(layer_id, "kv")
+        return self.engine.get_value_buffer(layer_id)
+
+
+class EngineMamba(MambaPool):
+    """The engine's MambaPool: conv and temporal (SSM) state stacked per Mamba layer."""
+
+    def __init__(self, req_pool: Any):
+        self.req_pool = req_pool
+        self.engine = req_pool.mamba_pool
+        self.layer_index = dict(req_pool.mamba_map)  # global layer id -> the pool's layer index
+        (self.conv,) = self.engine.mamba_cache.conv  # one conv state shape: the harness's [d_inner, conv-1]
+        self.ssm = self.engine.mamba_cache.temporal
+
+    def layer_cache(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bare pool's accessor: no wait, as in the engine."""
+        return _pair(self.engine.mamba2_layer_cache(self.layer_index[layer_id]))
+
+
+def _pair(state: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    (conv,) = state.conv
+    return conv, state.temporal
+
+
+class EnginePools(HybridPool):
+    """The engine's pools behind the harness's pool interface (`kv`, `mamba`, the hybrid
+    Mamba accessor, the accessor wait policies)."""
+
+    def __init__(self, modules: dict[str, Any], dev: Device, layout: Layout):
+        self._waits = _Waits()
+        self._policies: tuple[AccessorPolicy, ...] = ()
+        self._counter: Any = None
+        s = layout.shape
+        mp = modules[MEMORY]
+        dt = dtype_of(s.dtype)
+        device = str(dev.torch_device)
+        page = s.page_size
+        attention, mamba = list(s.attention_layers), list(s.mamba_layers)
+        kv_args = dict(size=layout.kv_slots - page, page_size=page, dtype=dt, head_num=s.kv_heads,
+                       head_dim=s.head_dim, device=device, enable_memory_saver=False)
+        self.req_pool: Any = None
+        if mamba:
+            self.req_pool = construct(
+                mp.HybridReqToTokenPool, size=len(layout.requests), mamba_size=layout.mamba_slots - 1,
+                mamba_spec_state_size=0, max_context_len=layout.kv_slots, device=device,
+                enable_memory_saver=False, cache_params=_cache_params(modules[MAMBA], layout, dt),
+                mamba_layer_ids=mamba, enable_mamba_extra_buffer=False)
+            self.kv_pool: Any = construct(mp.HybridLinearKVPool, full_attention_layer_ids=attention,
+                                          mamba_pool=self.req_pool.mamba_pool, **kv_args)
+            self.mamba: MambaPool = EngineMamba(self.req_pool)
+        else:
+            self.kv_pool = construct(mp.MHATokenToKVPool, layer_num=len(attention), **kv_args)
+            self.mamba = MambaPool(dev, layout)  # no Mamba layer reads it
+        self.kv: KVPool = EngineKV(self.kv_pool, attention, self._waits)
+
+    @property
+    def engine_kv_pool(self) -> Any:
+        """What the engine's model runner holds as `token_to_kv_pool`."""
+        return self.kv_pool
+
+    def set_waits(self, counter: Any, policies: Sequence[AccessorPolicy]) -> None:
+        self._counter, self._policies = counter, tuple(policies)
+        self._apply()
+
+    def add_wait(self, policy: AccessorPolicy) -> None:
+        self._policies += (policy,)
+        self._apply()
+
+    def _apply(self) -> None:
+        """The engine's own policy is its pools' counter; every other one runs on the harness's side."""
+        own = per_layer in self._policies
+        registered = self._counter if own else None
+        self.kv_pool.register_layer_transfer_counter(registered)
+        if self.req_pool is not None:
+            self.req_pool.register_layer_transfer_counter(registered)
+        self._waits.counter = self._counter
+        self._waits.policies = tuple(p for p in self._policies if p is not per_layer)
+
+    def mamba_layer_cache(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The hybrid pool's waiting Mamba accessor: the engine's `mamba2_layer_cache`."""
+        self._waits(layer_id, "mamba")
+        return _pair(self.req_pool.mamba2_layer_cache(layer_id))
+
+
+def _cache_params(mamba_utils: Any, layout: Layout, dt: torch.dtype) -> Any:
+    """The engine's Mamba2 cache parameters for the harness's state: conv [d_inner, conv-1],
+    temporal [d_inner, state], both in the model's dtype."""
+    s = layout.shape
+    shape = construct(mamba_utils.Mamba2StateShape, conv=[(s.d_inner, s.conv - 1)], temporal=(s.d_inner, s.state),
+                      intermediate_size=s.d_inner, conv_dim=s.d_inner, ssm_state_size=s.state, num_heads=1,
+                      head_dim=s.d_inner, state_size=s.state, conv_kernel=s.conv)
+    dtype = construct(mamba_utils.Mamba2StateDType, conv=dt, temporal=dt)
+    return construct(mamba_utils.Mamba2CacheParams, shape=shape, layers=list(s.mamba_layers), dtype=dtype)
