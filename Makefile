@@ -6,7 +6,8 @@
 # make run       the default scenario set: on the GPU when torch sees one, else on the CPU simulator
 # make gpu-test  GPU tests + every default scenario as a test item + the mutant kill matrix, on a
 #                runner that already has torch (no install step)
-# make bench     fence strategies: correctness on every race scenario, then their cost
+# make bench     fence strategies: correctness on every race scenario, then their cost; then how fast
+#                the harness checks replays against the device time of what it checks
 # make gpu-verdicts  on a GPU runner: the GPU's verdicts that the simulator's fidelity test compares
 
 VENV      ?= .venv
@@ -99,10 +100,12 @@ ifeq ($(HAS_TORCH),yes)
 bench:
 	PYTHONPATH=. $(PYTHON) -m harness fences --device auto --out $(REPORTS)/fences
 	PYTHONPATH=. $(PYTHON) -m harness bench --device auto --out $(REPORTS)/bench
+	PYTHONPATH=. $(PYTHON) -m harness checking --device auto --out $(REPORTS)/checking
 else
 bench: $(VENV)/.installed
 	$(VPY) -m harness fences --device auto --replays 5 --out $(REPORTS)/fences
 	$(VPY) -m harness bench --device auto --points default --repeats 20 --out $(REPORTS)/bench
+	$(VPY) -m harness checking --device auto --replays 5 --repeats 3 --out $(REPORTS)/checking
 endif
 
 clean:

@@ -132,6 +132,35 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_checking(args: argparse.Namespace) -> int:
+    from harness.devices import open_device
+    from harness.report.results import build_results, write_results
+    from harness.run.checking import default_shapes, measure
+
+    dev = open_device(args.device, args.sim_costs)
+    shapes = default_shapes()
+    if dev.name != "cuda" and not args.all_shapes:
+        # The simulator runs every kernel on the CPU: serving shapes take minutes a replay there.
+        shapes = [s for s in shapes if s.name.startswith("tiny")]
+    print(f"device: {dev.name}  shapes: {len(shapes)}  replays: {args.replays} "
+          f"(x10 on the tiny model)  device-time repeats: {args.repeats}")
+    started, rows = time.time(), []
+    print(f"{'shape':34s} {'device ms':>10s} {'p10-p90':>15s} {'checked/s':>10s} {'ms/replay':>10s} "
+          f"{'harness':>8s} {'stale':>9s}")
+    for shape in shapes:
+        n = args.replays * (10 if shape.name.startswith("tiny") else 1)
+        p = measure(dev, shape, n, args.repeats, timeout_s=args.timeout)
+        rows.append(p.row())
+        print(f"{p.shape:34s} {p.device_ms:10.3f} {p.device_p10_ms:7.3f}-{p.device_p90_ms:<7.3f} "
+              f"{p.replays_per_s:10.1f} {p.per_replay_ms:10.3f} {p.overhead:+8.1%} "
+              f"{p.stale_replays:>4d}/{p.replays:<4d}", flush=True)
+    if dev.clock != "device":
+        print("(the simulator's device time is virtual: against wall-clock rates the harness column means nothing)")
+    doc = build_results([], dev.describe(), started, time.time(), {"checking": {"points": rows, "clock": dev.clock}})
+    print(f"\nresults: {write_results(args.out, doc)}")
+    return 0
+
+
 def add_commands(sub) -> None:
     def common(sp: argparse.ArgumentParser) -> None:
         device_arguments(sp)
@@ -151,4 +180,13 @@ def add_commands(sub) -> None:
     common(b)
 
 
-HANDLERS = {"fences": cmd_fences, "bench": cmd_bench}
+    c = sub.add_parser("checking", help="checked replays per second against the device time of what is checked")
+    c.add_argument("--replays", type=positive_int, default=300,
+                   help="checked replays per shape, ten times that on the tiny model (default 300)")
+    c.add_argument("--repeats", type=positive_int, default=30, help="device-time repeats per shape (default 30)")
+    c.add_argument("--all-shapes", action="store_true",
+                   help="the serving shapes on the simulator too (slow: it computes on the CPU)")
+    common(c)
+
+
+HANDLERS = {"fences": cmd_fences, "bench": cmd_bench, "checking": cmd_checking}

@@ -41,6 +41,9 @@ A document is one JSON object::
     bench           (optional) {clock, points: [{model, layers, prefix, new, strategy, median_ms,
                                 p10_ms, p90_ms, repeats, ratio_to_bound, load_ms, compute_ms,
                                 forward_start_ms}]}: `fence-harness bench`
+    checking        (optional) {clock, points: [{shape, device_ms, device_p10_ms, device_p90_ms, replays,
+                                replays_per_s, per_replay_ms, overhead, device_bound_replays_per_s,
+                                stale_replays}]}: `fence-harness checking`
     strategies      (optional) {cells: [{scenario, strategy, stale_replays, replays, findings,
                                 error, ok}]}: `fence-harness fences`
     soak            (optional) the counts of a `fence-harness soak` (see the README)
@@ -150,6 +153,10 @@ SCHEMA = {
         "points": [{"model": STR, "layers": INT, "prefix": INT, "strategy": STR,
                     "median_ms": NUMBER, "p10_ms": NUMBER, "p90_ms": NUMBER,
                     "ratio_to_bound": NUMBER, "load_ms": NUMBER, "compute_ms": NUMBER}],
+    }),
+    "checking?": Nullable({
+        "points": [{"shape": STR, "device_ms": NUMBER, "replays": INT, "replays_per_s": NUMBER,
+                    "overhead": NUMBER, "stale_replays": INT}],
     }),
 }
 

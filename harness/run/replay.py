@@ -264,7 +264,7 @@ class Replayer:
         assert self.oracle is not None
         pending: list[int] = []
         for i in indices:
-            self._enqueue(i, fault, row=len(pending))
+            self.enqueue(i, fault, row=len(pending))
             pending.append(i)
             if len(pending) == self.observer.batch:
                 yield from self._drain(pending)
@@ -283,11 +283,11 @@ class Replayer:
     def run(self, i: int, fault: Fault, marks: Marks = UNMARKED, *, load: bool = True) -> None:
         """One replay, synchronized (the benchmark; `load=False`: the forward with no load
         pending, its compute bound)."""
-        self._enqueue(i, fault, marks, load=load)
+        self.enqueue(i, fault, marks, load=load)
         self.tb.dev.synchronize(self.timeout_s)
         self.gating.check(i)
 
-    def _enqueue(self, i: int, fault: Fault, marks: Marks = UNMARKED, *, load: bool = True, row: int = 0) -> None:
+    def enqueue(self, i: int, fault: Fault, marks: Marks = UNMARKED, *, load: bool = True, row: int = 0) -> None:
         """One replay, from the slots' preparation to its observation, enqueued."""
         tb, dev, gating = self.tb, self.tb.dev, self.gating
         plan = FaultPlan(fault, i)
