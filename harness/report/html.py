@@ -27,15 +27,20 @@ from urllib.parse import quote
 from harness.report.results import write_atomic
 from harness.report.summary import (
     BENCH_COLUMNS,
+    PAIRS_CAPTION,
+    STALE_CAPTION,
     WRONG_ARM,
     ArmCell,
     bench_caption,
     bench_points,
     bench_table,
     headline,
+    interval_text,
     not_run,
     observed_text,
+    pairs_table,
     partial_text,
+    see_text,
     stale_text,
     strategy_caption,
     strategy_cells,
@@ -204,8 +209,14 @@ def _scenario_row(s: dict, drawn: Set[str]) -> list:
     name = Cell(s["name"], href=_href(s["name"]) if s["name"] in drawn else None)
     variant = f"{variant_label(s)} ({hazard})" if hazard else variant_label(s)
     return [name, Cell(variant), _fault(s), s["expect"],
-            Cell(observed_text(s)), stale_text(s), layer_ranges(s["stale_layers"]), len(s["findings"]),
+            Cell(observed_text(s)), _stale(s), layer_ranges(s["stale_layers"]), len(s["findings"]),
             f"{s['timings']['replays_per_s']:.0f}"]
+
+
+def _stale(s: dict) -> Cell:
+    """The stale rate, its 95% interval under it, and the replays that would see it (99%)."""
+    see = see_text(s)
+    return Cell(stale_text(s), (f"95%: {interval_text(s)}", *([f"99%: {see} replays"] if see != "-" else [])))
 
 
 def _scenarios(doc: dict, drawn: Set[str]) -> str:
@@ -213,7 +224,8 @@ def _scenarios(doc: dict, drawn: Set[str]) -> str:
               "replays/s"]
     rows = [_scenario_row(s, drawn) for s in doc["scenarios"]]
     classes = ["ok" if s["met"] else "fail" for s in doc["scenarios"]]
-    body = [_table(header, rows, numeric={5, 7, 8}, row_classes=classes, css="scenarios", wrap={2, 4})]
+    body = [f'<p class="caption">{_code(_sentence(STALE_CAPTION))}</p>',
+            _table(header, rows, numeric={5, 7, 8}, row_classes=classes, css="scenarios", wrap={2, 4})]
     for s in doc["scenarios"]:
         if s["findings"]:
             items = "".join(f"<li>{escape(f)}</li>" for f in s["findings"])
@@ -225,6 +237,16 @@ def _scenarios(doc: dict, drawn: Set[str]) -> str:
 def _scenarios_section(doc: dict, drawn: Set[str]) -> str:
     """The scenario table, left out of documents with none (a benchmark's)."""
     return f"<h2>Scenarios</h2>\n{_scenarios(doc, drawn)}" if doc["scenarios"] else ""
+
+
+def _pairs_section(doc: dict) -> str:
+    header, rows, significant = pairs_table(doc)
+    if not rows:
+        return ""
+    cells = [[Cell(r[0]), Cell(r[1]), *r[2:-1], Cell(r[-1], ("differs" if sig else "within chance",))]
+             for r, sig in zip(rows, significant, strict=True)]
+    table = _table(header, cells, numeric={5}, css="scenarios", wrap={2})
+    return f'<h2>Exact tests</h2>\n<p class="caption">{_code(_sentence(PAIRS_CAPTION))}</p>\n{table}'
 
 
 def _strategies_section(doc: dict) -> str:
@@ -356,6 +378,7 @@ def render_html(doc: dict) -> str:
 {_environment(doc)}
 {_strategies_section(doc)}
 {_scenarios_section(doc, set(drawn))}
+{_pairs_section(doc)}
 {_plots(doc, figures)}
 <script>{SCRIPT}</script>
 </body>

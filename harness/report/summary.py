@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
+from harness.records.rates import SIGNIFICANT, Rate, replays_to_see
+from harness.report.pairs import pairs_of, rate_of
 from harness.report.results import write_atomic
 
 # Why a partial run stopped, as results.json's `interrupted` names it.
@@ -129,6 +131,58 @@ def observed_text(s: dict) -> str:
 
 def stale_text(s: dict) -> str:
     return f"{s['stale_rate']:.1%} ({s['stale_replays']}/{s['replays']})"
+
+
+def _interval(s: dict) -> tuple[float, float]:
+    """The entry's 95% interval as written, or worked out for a file written before it was."""
+    if s.get("stale_interval"):
+        low, high = s["stale_interval"]
+        return low, high
+    return rate_of(s).interval()
+
+
+def interval_text(s: dict) -> str:
+    """The stale rate's 95% interval, "82.7–90.6%"; "-" with no replays (an error before any)."""
+    if not s["replays"]:
+        return "-"
+    low, high = _interval(s)
+    return f"{low:.1%}–{high:.1%}"
+
+
+def see_text(s: dict) -> str:
+    """Replays that see a race of this rate with 99% confidence; "-" where the rate is 0."""
+    n = s["replays_to_see"] if "replays_to_see" in s else replays_to_see(rate_of(s).value)
+    return "-" if n is None else f"{n:,}"
+
+
+def p_text(p: float) -> str:
+    """A p-value: three decimals, or two significant digits below 0.001."""
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
+def _count_text(stale: int, replays: int) -> str:
+    rate = Rate(stale, replays)
+    low, high = rate.interval()
+    return f"{stale}/{replays} ({low:.1%}–{high:.1%})"
+
+
+def pairs_table(doc: dict) -> tuple[list[str], list[list[str]], list[bool]]:
+    """One row per pair of the run (`harness.report.pairs`): the two scenarios, what differs, each
+    one's stale count with its 95% interval, and the exact test's p-value; and per row whether the
+    difference is significant."""
+    rows, significant = [], []
+    for p in pairs_of(doc):
+        rows.append([p["a"], p["b"], p["differs"], _count_text(p["a_stale"], p["a_replays"]),
+                     _count_text(p["b_stale"], p["b_replays"]), p_text(p["p_value"])])
+        significant.append(p["p_value"] < SIGNIFICANT)
+    return ["first", "second", "differs", "first stale (95%)", "second stale (95%)", "p"], rows, significant
+
+
+PAIRS_CAPTION = (f"scenarios of this run that differ only in the fence or only in contention; p is Fisher's "
+                 f"exact test, two-sided: below {SIGNIFICANT:g} the two stale rates differ by more than the luck "
+                 f"of the replays.")
+STALE_CAPTION = ("stale rates with their 95% interval (Clopper-Pearson), and the replays that would see a "
+                 "race of that rate at least once with 99% confidence.")
 
 
 def matrix_rows(mutants: dict | None) -> list[dict]:
@@ -262,8 +316,22 @@ def _scenario_block(doc: dict) -> list[str]:
     rows = []
     for s in doc["scenarios"]:
         mark = "" if s["met"] else " ❌"
-        rows.append([f"{s['name']}{mark}", s["expect"], observed_text(s), stale_text(s), len(s["findings"])])
-    return _table(["scenario", "expected", "observed", "stale rate", "findings"], rows)
+        rows.append([f"{s['name']}{mark}", s["expect"], observed_text(s), stale_text(s), interval_text(s),
+                     see_text(s), len(s["findings"])])
+    return [_sentence(STALE_CAPTION), "", *_table(["scenario", "expected", "observed", "stale rate", "95% interval",
+                                                   "replays to see (99%)", "findings"], rows)]
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _pairs_block(doc: dict) -> list[str]:
+    header, rows, significant = pairs_table(doc)
+    if not rows:
+        return []
+    marked = [[*r[:-1], f"**{r[-1]}**" if sig else r[-1]] for r, sig in zip(rows, significant, strict=True)]
+    return [f"**Exact tests**: {PAIRS_CAPTION}", "", *_table(header, marked)]
 
 
 def _matrix_block(doc: dict) -> list[str]:
@@ -300,7 +368,7 @@ def _bench_block(doc: dict) -> list[str]:
 
 def render_summary(doc: dict) -> str:
     blocks = [[f"**fence-harness** · {_cell(headline(doc))}"], _partial_block(doc), _strategy_block(doc),
-              _scenario_block(doc), _matrix_block(doc), _bench_block(doc)]
+              _scenario_block(doc), _pairs_block(doc), _matrix_block(doc), _bench_block(doc)]
     return "\n\n".join("\n".join(b) for b in blocks if b) + "\n"
 
 
