@@ -44,8 +44,9 @@ def _meaning(sentence: str) -> tuple:
 
 
 def _definition(d: dict) -> dict:
-    # Unset optional fields (null) compare equal to fields an older record does not have.
-    return {k: v for k, v in d.items() if k != "source" and v is not None}
+    # Unset optional fields (null) compare equal to fields an older record does not have, at any
+    # depth (a fault's `pressure` is null for every other kind).
+    return {k: _definition(v) if isinstance(v, dict) else v for k, v in d.items() if k != "source" and v is not None}
 
 
 def test_the_verdicts_come_from_a_gpu_and_cover_every_scenario():

@@ -147,8 +147,8 @@ def _run_all(scenarios: list[Scenario], dev: Device, args: argparse.Namespace,
     def done(r: ScenarioResult) -> None:
         run.results.append(r)
         run.console.scenario_done(r, status(r) if status else None)
-        if r.fault_mode and "fallback" in r.fault_mode:
-            run.console.note(r.fault_mode)
+        if r.fault_mode and ("fallback" in r.fault_mode or r.fault_mode.startswith("pressure: none")):
+            run.console.note(f"{r.scenario.name}: {r.fault_mode}")
 
     run.stop = run_scenarios(scenarios, lambda: dev, args.replays, args.timeout, done,
                              lambda: run.console.start(len(scenarios), dev.name, [s.name for s in scenarios]))

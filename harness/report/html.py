@@ -28,6 +28,8 @@ from harness.report.results import write_atomic
 from harness.report.summary import (
     BENCH_COLUMNS,
     PAIRS_CAPTION,
+    PRESSURE_CAPTION,
+    PRESSURE_HEADER,
     STALE_CAPTION,
     WRONG_ARM,
     ArmCell,
@@ -40,6 +42,7 @@ from harness.report.summary import (
     observed_text,
     pairs_table,
     partial_text,
+    pressure_rows,
     see_text,
     stale_text,
     strategy_caption,
@@ -239,6 +242,14 @@ def _scenarios_section(doc: dict, drawn: Set[str]) -> str:
     return f"<h2>Scenarios</h2>\n{_scenarios(doc, drawn)}" if doc["scenarios"] else ""
 
 
+def _pressure_section(doc: dict) -> str:
+    rows = pressure_rows(doc)
+    if not rows:
+        return ""
+    table = _table(PRESSURE_HEADER, [[Cell(r[0]), *r[1:]] for r in rows], css="scenarios", wrap={2, 3})
+    return f'<h2>Pressure</h2>\n<p class="caption">{_code(_sentence(PRESSURE_CAPTION))}</p>\n{table}'
+
+
 def _pairs_section(doc: dict) -> str:
     header, rows, significant = pairs_table(doc)
     if not rows:
@@ -378,6 +389,7 @@ def render_html(doc: dict) -> str:
 {_environment(doc)}
 {_strategies_section(doc)}
 {_scenarios_section(doc, set(drawn))}
+{_pressure_section(doc)}
 {_pairs_section(doc)}
 {_plots(doc, figures)}
 <script>{SCRIPT}</script>

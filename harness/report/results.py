@@ -60,6 +60,7 @@ def scenario_entry(r: ScenarioResult) -> dict:
         "engine": _engine(r.scenario.engine),
         "fault_mode": r.fault_mode,
         "fault_text": r.scenario.fault.describe(),
+        "pressure": r.pressure,
         "sweep": [
             {"us": p.us, "replays": p.tally.replays, "stale_replays": p.tally.stale_replays,
              "stale_rate": p.tally.stale_rate,

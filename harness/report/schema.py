@@ -32,6 +32,10 @@ A document is one JSON object::
         hazard      "raw" | "waw" | "war"
         fault_mode  how the fault was built, e.g. "gate (cuStreamWaitValue32)", or null
         fault_text  the fault in words, e.g. "delay 1000us each"
+        pressure    (optional) a pressure fault's contention, else null: {mode: "separate process" |
+                    "same process" | "none" (the simulator: nothing to contend for; `why` says so),
+                    settings {gemm, gemm_streams, copy_mib, copy, process}, achieved {seconds, gemms,
+                    copies, gemm_tflops, copy_gbps} or null, pid and exit_code (a separate process)}
         timeline    {clock: "virtual" | "device", stale_layers: [int],
                      spans: [{stream, name, kind, start_us, end_us, layer?}]}: one traced
                     replay, or null; span kinds: copy record wait replay delay gate access kernel (sync in older files)
@@ -128,6 +132,12 @@ SCENARIO = {
     "hazard?": OneOf("raw", "waw", "war"),
     "fault_mode?": Nullable(STR),
     "fault_text?": STR,
+    "pressure?": Nullable({"mode": OneOf("separate process", "same process", "none"),
+                           "settings": {"gemm": INT, "gemm_streams": INT, "copy_mib": INT,
+                                        "copy": OneOf("h2d", "d2h", "both"), "process": OneOf("separate", "same")},
+                           "achieved": Nullable({"seconds": NUMBER, "gemms": INT, "copies": INT,
+                                                 "gemm_tflops": NUMBER, "copy_gbps": NUMBER}),
+                           "why?": STR, "pid?": INT, "exit_code?": Nullable(INT)}),
     "timeline?": Nullable({
         "clock": OneOf("virtual", "device"),
         "spans": [{"stream": STR, "name": STR, "kind": SPAN_KINDS, "start_us": NUMBER,

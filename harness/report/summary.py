@@ -178,6 +178,29 @@ def pairs_table(doc: dict) -> tuple[list[str], list[list[str]], list[bool]]:
     return ["first", "second", "differs", "first stale (95%)", "second stale (95%)", "p"], rows, significant
 
 
+def pressure_rows(doc: dict) -> list[list[str]]:
+    """One row per scenario under the pressure fault: where its contention ran, its settings in
+    words, and what it achieved (or why nothing ran: the simulator has nothing to contend for)."""
+    rows = []
+    for s in doc["scenarios"]:
+        p = s.get("pressure")
+        if not p:
+            continue
+        settings = p["settings"]
+        load = (f"GEMM {settings['gemm']} ×{settings['gemm_streams']}" if settings["gemm"] else "no GEMMs") + (
+            f", {settings['copy_mib']} MiB {settings['copy']}" if settings["copy_mib"] else ", no copies")
+        a = p.get("achieved")
+        if a:
+            did = f"{a['gemm_tflops']:g} TFLOP/s, {a['copy_gbps']:g} GB/s over {a['seconds']:g} s"
+        else:
+            did = p.get("why") or "nothing recorded"
+        rows.append([s["name"], p["mode"], load, did])
+    return rows
+
+
+PRESSURE_HEADER = ["scenario", "contention", "settings", "achieved"]
+PRESSURE_CAPTION = ("the pressure fault's contention per scenario: bf16 GEMMs and pinned copies on other streams "
+                    "(another process, or this one), running through the counted replays.")
 PAIRS_CAPTION = (f"scenarios of this run that differ only in the fence or only in contention; p is Fisher's "
                  f"exact test, two-sided: below {SIGNIFICANT:g} the two stale rates differ by more than the luck "
                  f"of the replays.")
@@ -326,6 +349,13 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
+def _pressure_block(doc: dict) -> list[str]:
+    rows = pressure_rows(doc)
+    if not rows:
+        return []
+    return [f"**Pressure**: {PRESSURE_CAPTION}", "", *_table(PRESSURE_HEADER, rows)]
+
+
 def _pairs_block(doc: dict) -> list[str]:
     header, rows, significant = pairs_table(doc)
     if not rows:
@@ -368,7 +398,7 @@ def _bench_block(doc: dict) -> list[str]:
 
 def render_summary(doc: dict) -> str:
     blocks = [[f"**fence-harness** · {_cell(headline(doc))}"], _partial_block(doc), _strategy_block(doc),
-              _scenario_block(doc), _pairs_block(doc), _matrix_block(doc), _bench_block(doc)]
+              _scenario_block(doc), _pressure_block(doc), _pairs_block(doc), _matrix_block(doc), _bench_block(doc)]
     return "\n\n".join("\n".join(b) for b in blocks if b) + "\n"
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.devices.base import Device, Gate
+from harness.devices.pressure import Contention, contention
 from harness.model.runners import Runner
 from harness.records.analysis import Finding, find_races
 from harness.records.errors import HarnessError
@@ -50,6 +51,7 @@ class ScenarioResult:
     timeline_fault: str = ""  # the fault the traced replay ran under (a sweep's: its last point)
     clock: str = "device"  # the timeline's clock: device time, or the simulator's virtual time
     verdict: Verdict | None = None  # decided once, when the scenario has ended
+    pressure: dict | None = None  # a pressure fault: how its contention ran and what it achieved
 
     def seal(self) -> Verdict:
         """Decide the verdict from what was seen (`harness.run.verdict`); call once, at the end."""
@@ -93,7 +95,10 @@ def run_scenario(
     runner: Runner | None
     replay: Replayer | None
     ended = False
+    pressure = Contention()
     try:
+        # A pressure fault's process starts now: its start-up overlaps the build and the capture.
+        pressure = contention(scenario.fault, dev.torch_device)
         tb = Testbed(scenario, dev)
         oracle = ground_truth(tb, timeout_s)
         tb.set_waits(tb.accessor)
@@ -101,6 +106,7 @@ def run_scenario(
         runner = tb.runner(scenario.backend)
         dev.synchronize(timeout_s)
         gate, fault, result.fault_mode = open_gate(tb, timeout_s)
+        result.fault_mode = pressure.ready() or result.fault_mode  # every graph captured: contend from here
         replay = Replayer(tb, runner, timeout_s, gate, oracle)
         points = sweep_points(fault)
         n = replays or scenario.replays
@@ -144,6 +150,9 @@ def run_scenario(
         # The engine's own checks assert (LayerDoneCounter: a ring slot reused too early).
         result.error = f"{scenario.engine} assertion failed: {e}"
     finally:
+        result.pressure = pressure.stop()  # no contention outlives its scenario, whatever ended it
+        if pressure.failed and result.error is None:
+            result.error = pressure.failed  # replays that ran without it must not count as under it
         if gate is not None:
             gate.close()  # nothing stays blocked behind a scenario that failed
         if not ended:

@@ -38,6 +38,7 @@ from harness.records.errors import InputError
 from harness.records.scenario import (
     LAYER_KINDS,
     Backend,
+    CopyDirection,
     DelayWhere,
     DType,
     Evidence,
@@ -47,6 +48,8 @@ from harness.records.scenario import (
     Hazard,
     ModelShape,
     NamedEnum,
+    Pressure,
+    PressureProcess,
     Request,
     Scenario,
     Tolerance,
@@ -371,6 +374,7 @@ _FAULT_KEYS: dict[FaultKind, tuple[tuple[str, ...], tuple[str, ...]]] = {
     FaultKind.JITTER: (("us",), ("where", "seed")),
     FaultKind.CHUNKED: (("chunks",), ("us",)),
     FaultKind.SWEEP: (("points",), ("where",)),
+    FaultKind.PRESSURE: ((), ("gemm", "gemm_streams", "copy_mib", "copy", "process")),
 }
 _FAULT_HINTS = {
     "us": "microseconds > 0",
@@ -399,6 +403,18 @@ def _points(value: Any, key: str) -> tuple[float, ...]:
     return points
 
 
+MAX_GEMM = 32768  # a side of 32,768 is 6 GiB of bf16 operands a stream: more is a typo
+MIN_GEMM = 128  # below this a GEMM is launch overhead, not contention
+
+
+def _gemm(value: Any, key: str) -> int:
+    side = _integer(0, MAX_GEMM)(value, key)
+    if 0 < side < MIN_GEMM:
+        raise _Invalid(key, f"a GEMM side of {side} contends with nothing; give 0 (no GEMMs) or "
+                            f"{MIN_GEMM}-{MAX_GEMM}")
+    return side
+
+
 _FAULT_VALUES: dict[str, Parser] = {
     "us": _delay_us,
     "where": _DELAY_WHERE,
@@ -406,6 +422,11 @@ _FAULT_VALUES: dict[str, Parser] = {
     "chunks": _integer(2, 64),
     "points": _points,
     "hold_us": _delay_us,
+    "gemm": _gemm,
+    "gemm_streams": _integer(1, 8),
+    "copy_mib": _integer(0, 8192),
+    "copy": _enum(CopyDirection),
+    "process": _enum(PressureProcess),
 }
 
 
@@ -427,6 +448,12 @@ def _fault(value: Any, key: str) -> Fault:
     values = {k: _FAULT_VALUES[k](v, f"{key}.{k}") for k, v in table.items() if k != "kind"}
     if kind is FaultKind.CHUNKED:
         values.setdefault("us", 50.0)
+    if kind is FaultKind.PRESSURE:
+        pressure = Pressure(**values)
+        if not pressure.gemm and not pressure.copy_mib:
+            raise _Invalid(f"{key}.gemm", "gemm = 0 and copy_mib = 0 leave nothing to contend with; "
+                                          "set one of them > 0")
+        return Fault(kind, pressure=pressure)
     return Fault(kind, **values)
 
 
