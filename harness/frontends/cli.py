@@ -123,6 +123,7 @@ class _Run:
 
     scenarios: list[Scenario]
     console: RunConsole
+    skipped: list[dict] = field(default_factory=list)  # {name, why}: not for this device
     results: list[ScenarioResult] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     stop: Stop | None = None
@@ -131,10 +132,29 @@ class _Run:
     def not_run(self) -> list[str]:
         return [s.name for s in self.scenarios[len(self.results):]]
 
+    @property
+    def sections(self) -> dict:
+        """What results.json adds for this run: the scenarios it skipped, when there were any."""
+        return {"skipped": self.skipped} if self.skipped else {}
+
     def partial(self, device: dict, out: Path, sections: dict | None = None) -> int:
         return write_partial(self.stop, self.results, device, out, self.started,  # type: ignore[arg-type]
-                             {**(sections or {}), "not_run": self.not_run}, len(self.results),
+                             {**self.sections, **(sections or {}), "not_run": self.not_run}, len(self.results),
                              len(self.scenarios))
+
+
+def skip_lines(skipped: list[Scenario], device: str) -> list[str]:
+    """The scenarios a device skips, one line per file and device list: "12 of scenarios/natural.toml:
+    they run only on cuda (devices = ["cuda"]), not on sim"."""
+    groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for s in skipped:
+        groups.setdefault((s.source, s.devices or ()), []).append(s.name)
+    lines = []
+    for (source, devices), names in groups.items():
+        listed = ", ".join(f'"{d}"' for d in devices)
+        lines.append(f"{len(names)} of {source}: they run only on {' / '.join(devices)} "
+                     f"(devices = [{listed}]), not on {device}")
+    return lines
 
 
 def _run_all(scenarios: list[Scenario], dev: Device, args: argparse.Namespace,
@@ -142,7 +162,9 @@ def _run_all(scenarios: list[Scenario], dev: Device, args: argparse.Namespace,
     """Run each scenario, one line each; `status(result)` overrides the ok / FAIL column."""
     from harness.frontends.console import RunConsole
 
-    run = _Run(scenarios, RunConsole())
+    skipped = [s for s in scenarios if not s.runs_on(dev.name)]
+    run = _Run([s for s in scenarios if s.runs_on(dev.name)], RunConsole(),
+               [{"name": s.name, "why": s.skip_reason(dev.name)} for s in skipped])
 
     def done(r: ScenarioResult) -> None:
         run.results.append(r)
@@ -150,8 +172,12 @@ def _run_all(scenarios: list[Scenario], dev: Device, args: argparse.Namespace,
         if r.fault_mode and ("fallback" in r.fault_mode or r.fault_mode.startswith("pressure: none")):
             run.console.note(f"{r.scenario.name}: {r.fault_mode}")
 
-    run.stop = run_scenarios(scenarios, lambda: dev, args.replays, args.timeout, done,
-                             lambda: run.console.start(len(scenarios), dev.name, [s.name for s in scenarios]))
+    def begin() -> None:
+        run.console.start(len(run.scenarios), dev.name, [s.name for s in run.scenarios])
+        for line in skip_lines(skipped, dev.name):
+            run.console.skipped(line)
+
+    run.stop = run_scenarios(run.scenarios, lambda: dev, args.replays, args.timeout, done, begin)
     if run.stop:
         run.console.stop()
     return run
@@ -167,7 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     run = _run_all(scenarios, dev, args)
     if run.stop:
         return run.partial(device, args.out)
-    doc = build_results(run.results, device, run.started, time.time())
+    doc = build_results(run.results, device, run.started, time.time(), run.sections)
     path = write_results(args.out, doc)
     write_report(doc, args.out)
     run.console.finish(run.results, path)
@@ -198,7 +224,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     correct = [r for r in rows if r.role is Role.CORRECT]
     killed = sum(r.ok for r in mutants)
     clean = sum(r.ok for r in correct)
-    doc = build_results(run.results, device, run.started, time.time(), section)
+    doc = build_results(run.results, device, run.started, time.time(), {**run.sections, **section})
     path = write_results(args.out, doc)
     write_report(doc, args.out)
     print(f"{killed}/{len(mutants)} mutants killed, {clean}/{len(correct)} correct variants clean; "
@@ -237,6 +263,9 @@ def cmd_repro(args: argparse.Namespace) -> int:
     if args.seed is not None:
         s = s.with_overrides(seed=args.seed)
     dev = open_device(args.device, args.sim_costs)
+    reason = s.skip_reason(dev.name)
+    if reason:
+        raise InputError(s.source, f"scenario '{s.name}'", reason)
     print(f"device: {dev.name}  scenario: {s.name}  {s.describe()}  seed {s.seed}")
     r = run_scenario(s, dev, replays=args.replays, timeout_s=args.timeout,
                      on_replay=lambda i, v: print(_describe_verdict(i, v), flush=True))

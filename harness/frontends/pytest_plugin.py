@@ -324,6 +324,9 @@ class ScenarioItem(pytest.Item):
         from harness.run.pipeline import run_scenario
 
         state = _state(self.config)
+        reason = self.scenario.skip_reason("cuda" if state.marker() == "gpu" else "sim")
+        if reason:  # serving shapes on the simulator, say: skipped with the reason, never run
+            pytest.skip(reason)
         try:
             dev = state.device()
         except HarnessError as e:  # e.g. --harness-device cuda without CUDA: one line, no traceback

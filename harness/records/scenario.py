@@ -234,7 +234,20 @@ class Scenario:
     seed: int = 0
     poison: float = float("nan")
     tolerance: Tolerance = field(default_factory=Tolerance)
+    # The device kinds it runs on ("cuda", "sim"); None: every one. Serving shapes are for GPUs:
+    # on another device the scenario is skipped, and the run says so.
+    devices: tuple[str, ...] | None = None
     source: str = "<inline>"  # the file it came from, for messages
+
+    def runs_on(self, device: str) -> bool:
+        """Whether this scenario runs on a device of this kind ("cuda" or "sim")."""
+        return self.devices is None or device in self.devices
+
+    def skip_reason(self, device: str) -> str | None:
+        """Why it does not run on `device`, or None when it does."""
+        if self.runs_on(device):
+            return None
+        return f"runs only on {' / '.join(self.devices or ())} (devices in {self.source}), not on {device}"
 
     def describe(self) -> str:
         extra = "".join(

@@ -44,6 +44,7 @@ from harness.report.summary import (
     partial_text,
     pressure_rows,
     see_text,
+    skipped_text,
     stale_text,
     strategy_caption,
     strategy_cells,
@@ -290,6 +291,11 @@ def _partial(doc: dict) -> str:
     return f'<p class="partial"><strong>{escape(text)}</strong>{names}</p>'
 
 
+def _skipped(doc: dict) -> str:
+    text = skipped_text(doc)
+    return f'<p class="note">{escape(text)}</p>' if text else ""
+
+
 def _index(doc: dict, drawn: list[str]) -> str:
     if len(drawn) <= INDEX_FROM:
         return ""
@@ -384,6 +390,7 @@ def render_html(doc: dict) -> str:
 <h1>fence-harness report</h1>
 <p class="headline">{escape(headline(doc))}</p>
 {_partial(doc)}
+{_skipped(doc)}
 {_index(doc, drawn)}
 <h2>Environment</h2>
 {_environment(doc)}

@@ -53,6 +53,8 @@ A document is one JSON object::
     strategies      (optional) {cells: [{scenario, strategy, stale_replays, replays, findings,
                                 error, ok}]}: `fence-harness fences`
     soak            (optional) the counts of a `fence-harness soak` (see the README)
+    skipped         (optional) [{name, why}]: scenarios of the files that this device does not run
+                    (their `devices` leave it out), and why
     partial, interrupted, not_run
                     (optional) a run cut short: true; "SIGINT" | "SIGTERM" | "device-lost";
                     the names of the scenarios that did not finish
@@ -156,6 +158,7 @@ SCHEMA = {
     "environment": {"device": STR, "torch?": STR, "gpu?": STR, "driver?": STR},
     "summary": {"scenarios": INT, "met": INT, "errors": INT},
     "scenarios": [SCENARIO],
+    "skipped?": Nullable([{"name": STR, "why": STR}]),
     "pairs?": Nullable([{"kind": OneOf("fence", "pressure"), "a": STR, "b": STR, "differs": STR,
                          "a_stale": INT, "a_replays": INT, "b_stale": INT, "b_replays": INT,
                          "p_value": NUMBER}]),

@@ -49,6 +49,8 @@ def _contents(doc: dict) -> list[str]:
         parts.append(f"{s['errors']} errors")
     if doc.get("partial") and "not_run" in doc:
         parts.append(f"{len(not_run(doc))} not run")
+    if doc.get("skipped"):
+        parts.append(f"{len(doc['skipped'])} skipped on this device")
     if bench_points(doc.get("bench")):
         header, rows = bench_table(doc["bench"])
         arms = len(header) - len(BENCH_COLUMNS)
@@ -349,6 +351,21 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
+def skipped_text(doc: dict) -> str | None:
+    """The scenarios this device did not run, and why, in one sentence per reason; None for none."""
+    groups: dict[str, list[str]] = {}
+    for s in doc.get("skipped") or []:
+        groups.setdefault(s["why"], []).append(s["name"])
+    if not groups:
+        return None
+    return " ".join(f"{_count(len(names), 'scenario')} skipped: {why}." for why, names in groups.items())
+
+
+def _skipped_block(doc: dict) -> list[str]:
+    text = skipped_text(doc)
+    return [f"**Skipped**: {_cell(text)}"] if text else []
+
+
 def _pressure_block(doc: dict) -> list[str]:
     rows = pressure_rows(doc)
     if not rows:
@@ -397,7 +414,8 @@ def _bench_block(doc: dict) -> list[str]:
 
 
 def render_summary(doc: dict) -> str:
-    blocks = [[f"**fence-harness** · {_cell(headline(doc))}"], _partial_block(doc), _strategy_block(doc),
+    blocks = [[f"**fence-harness** · {_cell(headline(doc))}"], _partial_block(doc), _skipped_block(doc),
+              _strategy_block(doc),
               _scenario_block(doc), _pressure_block(doc), _pairs_block(doc), _matrix_block(doc), _bench_block(doc)]
     return "\n\n".join("\n".join(b) for b in blocks if b) + "\n"
 

@@ -500,6 +500,25 @@ def _tolerance(value: Any, key: str) -> Tolerance:
     return Tolerance(**{k: _number(v, f"{key}.{k}") for k, v in table.items()})
 
 
+DEVICE_KINDS = ("cuda", "sim")  # what `devices` may name: the devices, not "auto"
+
+
+def _devices(value: Any, key: str) -> tuple[str, ...]:
+    wanted = f"an array of device kinds, from: {', '.join(DEVICE_KINDS)}"
+    if not isinstance(value, list):
+        raise _Invalid(key, f"expected {wanted}, like [\"cuda\"], got {_describe(value)}")
+    if not value:
+        raise _Invalid(key, f"an empty array runs nowhere; give {wanted}, or leave the key out to run on every one")
+    for i, item in enumerate(value):
+        _string(item, f"{key}[{i}]", f"a device kind, one of: {', '.join(DEVICE_KINDS)}")
+        if item not in DEVICE_KINDS:
+            raise _Invalid(f"{key}[{i}]", f"unknown device kind {item!r}; valid: {', '.join(DEVICE_KINDS)}"
+                                          f"{_did_you_mean(item, DEVICE_KINDS)}")
+    if len(set(value)) != len(value):
+        raise _Invalid(key, "the same device kind appears twice")
+    return tuple(value)
+
+
 # Scenario fields in file order; "model" needs the file's named models, so the
 # parser for it is filled in per file (see _scenario_fields): until then it is no Parser.
 _SCENARIO_FIELDS: dict[str, Callable[..., Any]] = {
@@ -519,6 +538,7 @@ _SCENARIO_FIELDS: dict[str, Callable[..., Any]] = {
     "seed": _integer(0),
     "poison": _poison,
     "tolerance": _tolerance,
+    "devices": _devices,
 }
 
 _REQUIRED_HINTS = {
