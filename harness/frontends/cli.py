@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from harness.engines import ENGINES
 from harness.frontends import soak
-from harness.frontends.cli_args import device_arguments, out_argument, positive_int
+from harness.frontends.cli_args import device_arguments, interval_width, out_argument, positive_int
 from harness.frontends.fence_commands import HANDLERS as FENCE_HANDLERS
 from harness.frontends.fence_commands import add_commands as add_fence_commands
 from harness.frontends.session import (
@@ -30,6 +30,7 @@ from harness.frontends.session import (
     write_report,
 )
 from harness.records.errors import HarnessError, InputError
+from harness.records.rates import Until
 from harness.records.scenario import Scenario
 from harness.report.cli import HANDLERS as REPORT_HANDLERS
 from harness.report.cli import add_commands as add_report_commands
@@ -63,6 +64,19 @@ With no command, this help goes to stderr and the exit code is 2, as for any usa
 error. `fence-harness COMMAND --help` shows a command's options and their defaults."""
 
 
+DEFAULT_CAP = 10_000  # --until-confidence's replays at most: a rate near 0.5 is 0.04 wide by then
+
+
+def _until(args: argparse.Namespace) -> Until | None:
+    """run --until-confidence's stopping rule, or None; --max-replays alone is a usage error."""
+    width, cap = getattr(args, "until_confidence", None), getattr(args, "max_replays", None)
+    if width is None:
+        if cap is not None:
+            raise InputError("--max-replays", "", "caps --until-confidence; give --until-confidence W too")
+        return None
+    return Until(width, cap or DEFAULT_CAP)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fence-harness", description=DESCRIPTION,
                                 epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -81,6 +95,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("files", nargs="*", type=Path, help="scenario TOML files")
     out_argument(run)
     common(run)
+    run.add_argument("--until-confidence", type=interval_width, metavar="W",
+                     help="after each scenario's replays, keep replaying until its stale rate's 95%% interval "
+                          "(Clopper-Pearson) is narrower than W, e.g. 0.05; at --max-replays it stops there, "
+                          "says so, and the verdict stands on the replays made")
+    run.add_argument("--max-replays", type=positive_int, metavar="N",
+                     help=f"with --until-confidence: at most N replays a scenario (a sweep: a point) "
+                          f"(default: {DEFAULT_CAP:,})")
 
     repro = sub.add_parser("repro", help="run one scenario verbosely, replay by replay")
     repro.add_argument("name", help="scenario name")
@@ -143,6 +164,17 @@ class _Run:
                              len(self.scenarios))
 
 
+def confidence_text(r: ScenarioResult) -> str:
+    """A scenario that stopped at --max-replays before its interval was narrow enough, in words."""
+    from harness.records.rates import Rate
+
+    assert r.until is not None
+    tallies = [p.tally for p in r.sweep] or [r.tally]
+    width = max(Rate(t.stale_replays, t.replays).width() for t in tallies)
+    return (f"95% interval still {width:.3f} wide at the cap of {r.until.cap:,} replays (asked for "
+            f"< {r.until.width:g}); the verdict stands on the replays made")
+
+
 def skip_lines(skipped: list[Scenario], device: str) -> list[str]:
     """The scenarios a device skips, one line per file and device list: "12 of scenarios/natural.toml:
     they run only on cuda (devices = ["cuda"]), not on sim"."""
@@ -166,9 +198,13 @@ def _run_all(scenarios: list[Scenario], dev: Device, args: argparse.Namespace,
     run = _Run([s for s in scenarios if s.runs_on(dev.name)], RunConsole(),
                [{"name": s.name, "why": s.skip_reason(dev.name)} for s in skipped])
 
+    until = _until(args)
+
     def done(r: ScenarioResult) -> None:
         run.results.append(r)
         run.console.scenario_done(r, status(r) if status else None)
+        if r.until is not None and not r.confident and r.error is None:
+            run.console.note(f"{r.scenario.name}: {confidence_text(r)}")
         if r.fault_mode and ("fallback" in r.fault_mode or r.fault_mode.startswith("pressure: none")):
             run.console.note(f"{r.scenario.name}: {r.fault_mode}")
 
@@ -177,7 +213,7 @@ def _run_all(scenarios: list[Scenario], dev: Device, args: argparse.Namespace,
         for line in skip_lines(skipped, dev.name):
             run.console.skipped(line)
 
-    run.stop = run_scenarios(run.scenarios, lambda: dev, args.replays, args.timeout, done, begin)
+    run.stop = run_scenarios(run.scenarios, lambda: dev, args.replays, args.timeout, done, begin, until)
     if run.stop:
         run.console.stop()
     return run
@@ -187,6 +223,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.devices import open_device
     from harness.report.results import build_results, write_results
 
+    _until(args)  # a usage error before the device opens
     scenarios = _load(args.files, args)
     dev = open_device(args.device, args.sim_costs)
     device = dev.describe()  # before the run: a device lost mid-run cannot describe itself

@@ -36,6 +36,7 @@ from harness.report.summary import (
     bench_caption,
     bench_points,
     bench_table,
+    confidence_text,
     headline,
     interval_text,
     not_run,
@@ -292,8 +293,9 @@ def _partial(doc: dict) -> str:
 
 
 def _skipped(doc: dict) -> str:
-    text = skipped_text(doc)
-    return f'<p class="note">{escape(text)}</p>' if text else ""
+    """The scenarios this device skipped, and a run --until-confidence's outcome."""
+    texts = [t for t in (skipped_text(doc), confidence_text(doc)) if t]
+    return "\n".join(f'<p class="note">{escape(_sentence(t))}</p>' for t in texts)
 
 
 def _index(doc: dict, drawn: list[str]) -> str:

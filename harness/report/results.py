@@ -61,6 +61,7 @@ def scenario_entry(r: ScenarioResult) -> dict:
         "fault_mode": r.fault_mode,
         "fault_text": r.scenario.fault.describe(),
         "pressure": r.pressure,
+        "confidence": _confidence(r),
         "sweep": [
             {"us": p.us, "replays": p.tally.replays, "stale_replays": p.tally.stale_replays,
              "stale_rate": p.tally.stale_rate,
@@ -79,6 +80,17 @@ def scenario_entry(r: ScenarioResult) -> dict:
             "replays_per_s": round(r.replays_per_s, 1),
         },
     }
+
+
+def _confidence(r: ScenarioResult) -> dict | None:
+    """run --until-confidence: the width asked for, the cap, the widest interval reached (a sweep's
+    points each count), and whether every one got narrower than asked; None without it."""
+    if r.until is None:
+        return None
+    tallies = [p.tally for p in r.sweep] or [r.tally]
+    width = max(Rate(t.stale_replays, t.replays).width() for t in tallies)
+    return {"target_width": r.until.width, "level": LEVEL, "cap": r.until.cap, "width": round(width, 6),
+            "reached": r.confident}
 
 
 def _interval(rate: Rate) -> list[float]:

@@ -32,6 +32,9 @@ A document is one JSON object::
         hazard      "raw" | "waw" | "war"
         fault_mode  how the fault was built, e.g. "gate (cuStreamWaitValue32)", or null
         fault_text  the fault in words, e.g. "delay 1000us each"
+        confidence  (optional) `run --until-confidence`, else null: {target_width, level (0.95), cap (the
+                    most replays), width (the widest 95% interval reached; a sweep's points each count),
+                    reached (every interval narrower than target_width)}
         pressure    (optional) a pressure fault's contention, else null: {mode: "separate process" |
                     "same process" | "none" (the simulator: nothing to contend for; `why` says so),
                     settings {gemm, gemm_streams, copy_mib, copy, process}, achieved {seconds, gemms,
@@ -134,6 +137,8 @@ SCENARIO = {
     "hazard?": OneOf("raw", "waw", "war"),
     "fault_mode?": Nullable(STR),
     "fault_text?": STR,
+    "confidence?": Nullable({"target_width": NUMBER, "level": NUMBER, "cap": INT, "width": NUMBER,
+                             "reached": BOOL}),
     "pressure?": Nullable({"mode": OneOf("separate process", "same process", "none"),
                            "settings": {"gemm": INT, "gemm_streams": INT, "copy_mib": INT,
                                         "copy": OneOf("h2d", "d2h", "both"), "process": OneOf("separate", "same")},

@@ -361,6 +361,23 @@ def skipped_text(doc: dict) -> str | None:
     return " ".join(f"{_count(len(names), 'scenario')} skipped: {why}." for why, names in groups.items())
 
 
+def confidence_text(doc: dict) -> str | None:
+    """A run with --until-confidence in one sentence: the target, the cap, and who did not get there."""
+    asked = [s for s in doc["scenarios"] if s.get("confidence")]
+    if not asked:
+        return None
+    c = asked[0]["confidence"]
+    short = [s["name"] for s in asked if not s["confidence"]["reached"]]
+    text = (f"replayed until each stale rate's {c['level']:.0%} interval was narrower than {c['target_width']:g}, "
+            f"at most {c['cap']:,} replays: {len(asked) - len(short)} of {len(asked)} got there")
+    return text + (f"; at the cap: {', '.join(short)}" if short else "")
+
+
+def _confidence_block(doc: dict) -> list[str]:
+    text = confidence_text(doc)
+    return [f"**Until confidence**: {_cell(text)}"] if text else []
+
+
 def _skipped_block(doc: dict) -> list[str]:
     text = skipped_text(doc)
     return [f"**Skipped**: {_cell(text)}"] if text else []
@@ -415,6 +432,7 @@ def _bench_block(doc: dict) -> list[str]:
 
 def render_summary(doc: dict) -> str:
     blocks = [[f"**fence-harness** · {_cell(headline(doc))}"], _partial_block(doc), _skipped_block(doc),
+              _confidence_block(doc),
               _strategy_block(doc),
               _scenario_block(doc), _pressure_block(doc), _pairs_block(doc), _matrix_block(doc), _bench_block(doc)]
     return "\n\n".join("\n".join(b) for b in blocks if b) + "\n"

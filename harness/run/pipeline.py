@@ -21,6 +21,7 @@ from harness.model.runners import Runner
 from harness.records.analysis import Finding, find_races
 from harness.records.errors import HarnessError
 from harness.records.faults import sweep_points
+from harness.records.rates import Rate, Until
 from harness.records.scenario import Expect, FaultKind, Scenario
 from harness.records.trace import Span, Trace
 from harness.run.oracle import Oracle, ReplayVerdict, Tally
@@ -52,6 +53,15 @@ class ScenarioResult:
     clock: str = "device"  # the timeline's clock: device time, or the simulator's virtual time
     verdict: Verdict | None = None  # decided once, when the scenario has ended
     pressure: dict | None = None  # a pressure fault: how its contention ran and what it achieved
+    until: Until | None = None  # run --until-confidence: the interval width asked for, and the cap
+
+    @property
+    def confident(self) -> bool:
+        """With --until-confidence: every rate (each sweep point's) narrower than asked for."""
+        if self.until is None:
+            return True
+        tallies = [p.tally for p in self.sweep] or [self.tally]
+        return all(self.until.narrow(Rate(t.stale_replays, t.replays)) for t in tallies)
 
     def seal(self) -> Verdict:
         """Decide the verdict from what was seen (`harness.run.verdict`); call once, at the end."""
@@ -78,6 +88,14 @@ class ScenarioResult:
 ReplayHook = Callable[[int, ReplayVerdict], None]
 
 
+def _due(tally: Tally, minimum: int, until: Until | None) -> bool:
+    """Whether another counted replay is due: `minimum` of them, and with --until-confidence more,
+    until the stale rate's 95% interval is narrower than asked for, or the cap."""
+    if until is None:
+        return tally.replays < minimum
+    return until.more(Rate(tally.stale_replays, tally.replays), minimum)
+
+
 def run_scenario(
     scenario: Scenario,
     dev: Device,
@@ -85,8 +103,9 @@ def run_scenario(
     replays: int | None = None,
     timeout_s: float = 30.0,
     on_replay: ReplayHook | None = None,
+    until: Until | None = None,
 ) -> ScenarioResult:
-    result = ScenarioResult(scenario)
+    result = ScenarioResult(scenario, until=until)
     t0 = time.perf_counter()
     gate: Gate | None = None
     # Optional: the cleanup below drops them when the scenario ends early.
@@ -127,7 +146,8 @@ def run_scenario(
         try:
             for us, point_fault in points:
                 point = SweepPoint(us, Tally())
-                for i in range(n):
+                while _due(point.tally, n, until):
+                    i = point.tally.replays
                     verdict = replay(i, point_fault)
                     result.tally.add(verdict)
                     point.tally.add(verdict)
