@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+# matplotlib, imported here and not first by the in-process pytester run below: pytester drops the
+# modules a run imported, and a second copy of matplotlib's classes breaks every later plot of this
+# process (report tests on the same xdist worker).
+import harness.report.plots  # noqa: F401
 from harness.frontends.cli import main
 from harness.run.scenario_file import SCENARIO_DIR, load_file
 
@@ -69,3 +73,18 @@ def test_pytest_items_of_gpu_scenarios_are_skipped_on_the_simulator_with_the_rea
                                 "--harness-report", "out")
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines(["*SKIPPED*runs only on cuda (devices in *mixed.toml), not on sim*"])
+    doc = json.loads((pytester.path / "out" / "results.json").read_text())
+    assert [s["name"] for s in doc["scenarios"]] == ["tiny-full-none"]
+    assert doc["skipped"] == [{"name": "tiny-full-final_event",
+                               "why": f"runs only on cuda (devices in {mixed}), not on sim"}]
+
+
+def test_merged_worker_parts_keep_what_each_skipped():
+    from harness.frontends.gpu_workers import merge
+
+    base = {"schema_version": 1, "git_commit": None, "started": "a", "finished": "b", "command": [],
+            "environment": {"device": "sim"}, "scenarios": []}
+    parts = [{**base, "worker": "gw0", "gpu_uuid": None, "skipped": [{"name": "b", "why": "gpu only"}]},
+             {**base, "worker": "gw1", "gpu_uuid": None, "skipped": [{"name": "a", "why": "gpu only"}]}]
+    assert merge(parts, order=["a", "b"])["skipped"] == [{"name": "a", "why": "gpu only"},
+                                                         {"name": "b", "why": "gpu only"}]

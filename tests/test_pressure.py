@@ -263,3 +263,12 @@ def test_the_reports_say_what_the_contention_did_or_that_there_was_none():
     row = "| separate process | GEMM 8192 ×1, 256 MiB both | 412 TFLOP/s, 44.1 GB/s over 12.5 s |"
     assert row in render_summary(gpu)
     assert "<h2>Pressure</h2>" in render_html(gpu) and "412 TFLOP/s" in render_html(gpu)
+
+
+def test_a_process_never_waited_for_is_stopped_at_once(monkeypatch):
+    # Its scenario ended before the replays (an error while building): no end-of-file grace.
+    monkeypatch.setattr(pressure_module, "STOP_GRACE_S", 30.0)
+    handle = _fake("import time; time.sleep(600)")
+    t0 = time.monotonic()
+    record = handle.stop()
+    assert time.monotonic() - t0 < 10 and record["exit_code"] == -signal.SIGTERM and not _alive(handle.pid)

@@ -281,6 +281,7 @@ class OtherProcess(Contention):
     _stderr: IO[bytes] | None = field(default=None, init=False)
     _out: bytes = field(default=b"", init=False)
     _final: dict | None = field(default=None, init=False)
+    _ready: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         assert self.spec is not None
@@ -321,6 +322,7 @@ class OtherProcess(Contention):
         if line.decode(errors="replace").strip() != READY:
             self._kill()
             raise PressureError(f"pressure process said {line[:80]!r} where it should say {READY!r}")
+        self._ready = True
         return f"pressure (separate process, pid {self.pid}: {self.spec.load_text()})"
 
     def stop(self) -> dict | None:
@@ -331,9 +333,11 @@ class OtherProcess(Contention):
         if died is not None and died != 0:
             self.failed = f"pressure process (pid {proc.pid}) died with code {died} while the replays ran" \
                           f"{self._stderr_tail(': ')}"
-        # communicate() closes the child's stdin first: end-of-file, and it stops and reports;
-        # then SIGTERM, then SIGKILL, each after a grace period.
-        for step in (None, proc.terminate, proc.kill):
+        # communicate() closes the child's stdin first: end-of-file, and a ready child stops and
+        # reports; then SIGTERM, then SIGKILL, each after a grace period. One never ready (its
+        # scenario ended first) may still be starting: no grace for it, SIGTERM at once.
+        steps = (None, proc.terminate, proc.kill) if self._ready else (proc.terminate, proc.kill)
+        for step in steps:
             if step is not None:
                 step()
             try:

@@ -145,6 +145,7 @@ def merge(parts: list[dict], order: Iterable[str] = (), command: list[str] | Non
     for part in parts:
         for row in (part.get("mutants") or {}).get("matrix", []):
             matrix.setdefault(row["name"], row)
+    skipped = {s["name"]: s for part in parts for s in part.get("skipped") or []}
     first = parts[0]
     workers = {p["worker"]: p["gpu_uuid"] for p in parts}
     return {
@@ -165,6 +166,7 @@ def merge(parts: list[dict], order: Iterable[str] = (), command: list[str] | Non
         "scenarios": scenarios,
         "pairs": pairs(scenarios),  # across workers: a pair's two scenarios may have run apart
         **({"mutants": {"matrix": sorted(matrix.values(), key=by_rank)}} if matrix else {}),
+        **({"skipped": sorted(skipped.values(), key=by_rank)} if skipped else {}),
     }
 
 
