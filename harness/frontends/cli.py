@@ -166,12 +166,8 @@ class _Run:
 
 def confidence_text(r: ScenarioResult) -> str:
     """A scenario that stopped at --max-replays before its interval was narrow enough, in words."""
-    from harness.records.rates import Rate
-
     assert r.until is not None
-    tallies = [p.tally for p in r.sweep] or [r.tally]
-    width = max(Rate(t.stale_replays, t.replays).width() for t in tallies)
-    return (f"95% interval still {width:.3f} wide at the cap of {r.until.cap:,} replays (asked for "
+    return (f"95% interval still {r.widest_interval:.3f} wide at the cap of {r.until.cap:,} replays (asked for "
             f"< {r.until.width:g}); the verdict stands on the replays made")
 
 

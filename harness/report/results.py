@@ -87,10 +87,8 @@ def _confidence(r: ScenarioResult) -> dict | None:
     points each count), and whether every one got narrower than asked; None without it."""
     if r.until is None:
         return None
-    tallies = [p.tally for p in r.sweep] or [r.tally]
-    width = max(Rate(t.stale_replays, t.replays).width() for t in tallies)
-    return {"target_width": r.until.width, "level": LEVEL, "cap": r.until.cap, "width": round(width, 6),
-            "reached": r.confident}
+    return {"target_width": r.until.width, "level": LEVEL, "cap": r.until.cap,
+            "width": round(r.widest_interval, 6), "reached": r.confident}
 
 
 def _interval(rate: Rate) -> list[float]:
