@@ -43,7 +43,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -145,9 +145,9 @@ class Workload:
             stream = torch.cuda.Stream(self.device) if self.cuda else None
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 item = build()
-                item()
-                self._drain(stream, deque([self._record(stream)]))
-                self._counts[name] = 1
+                item()  # the first item warms up (allocations, the GEMM library): not counted
+                self._drain([self._record(stream)])
+                self._counts[name] = 0
                 self._started.wait(timeout_s)
                 pending: deque = deque()
                 while not self._stop.is_set():
@@ -156,10 +156,10 @@ class Workload:
                         time.sleep(0.002)  # a CPU workload (tests) runs synchronously: leave the core some air
                     pending.append(self._record(stream))
                     if len(pending) > DEPTH:
-                        self._drain(stream, deque([pending.popleft()]))
+                        self._drain([pending.popleft()])
                         self._counts[name] += 1
+                self._drain(pending)
                 self._counts[name] += len(pending)
-                self._drain(stream, pending)
         except threading.BrokenBarrierError:
             pass  # start() gave up on another thread; stop() follows
         except BaseException as e:  # noqa: BLE001 - reported by start() or stop(), never lost
@@ -174,7 +174,7 @@ class Workload:
         return event
 
     @staticmethod
-    def _drain(stream: Any, events: deque) -> None:
+    def _drain(events: Iterable[Any]) -> None:
         for event in events:
             if event is not None:
                 event.synchronize()  # releases the GIL while it waits
