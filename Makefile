@@ -4,6 +4,7 @@
 # make engine-matrix the engine scenarios on sglang 0.5.20-0.5.23, each release in its own process
 # make engine-pack   .engines/carry: releases 0.5.22 and 0.5.23 for a GPU host with no package index
 # make run       the default scenario set: on the GPU when torch sees one, else on the CPU simulator
+#                (which skips the natural set's serving shapes, scenarios/natural.toml)
 # make gpu-test  GPU tests + every default scenario as a test item + the mutant kill matrix, on a
 #                runner that already has torch (no install step)
 # make bench     fence strategies: correctness on every race scenario, then their cost; then how fast
@@ -88,8 +89,10 @@ gpu-test:
 
 # Every scenario of scenarios/*.toml, the fidelity set and the kill matrix on the GPU, on a quiet
 # device (another process's work moves the timing races): tests/test_fidelity.py checks the
-# simulator against this file, which records the GPU, driver and torch it came from.
-VERDICT_FILES = $(wildcard scenarios/*.toml) scenarios/fidelity/shared.toml $(wildcard scenarios/mutants/*.toml)
+# simulator against this file, which records the GPU, driver and torch it came from. The natural
+# set is for GPUs only (the simulator skips it), so there is nothing for the simulator to agree on.
+VERDICT_FILES = $(filter-out scenarios/natural.toml,$(wildcard scenarios/*.toml)) scenarios/fidelity/shared.toml \
+	$(wildcard scenarios/mutants/*.toml)
 gpu-verdicts:
 	PYTHONPATH=. $(PYTHON) -m harness run $(VERDICT_FILES) --device cuda --out $(REPORTS)/verdicts
 	cp $(REPORTS)/verdicts/results.json tests/data/gpu_verdicts.json

@@ -6,7 +6,8 @@ from harness.devices.sim import SimDevice
 from harness.run.pipeline import run_scenario
 from harness.run.scenario_file import default_files, load_files
 
-DEFAULT = load_files(default_files())
+# The scenarios the simulator runs: the natural set's serving shapes are for GPUs (devices = ["cuda"]).
+DEFAULT = [s for s in load_files(default_files()) if s.runs_on("sim")]
 
 
 @pytest.mark.parametrize("scenario", DEFAULT, ids=[s.name for s in DEFAULT])

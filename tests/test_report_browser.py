@@ -118,3 +118,28 @@ def test_the_check_sees_a_broken_image_and_a_console_error(page, tmp_path):
     loaded = open_page(bad, tmp_path / "profile")
     assert loaded.shown == loaded.total - 1
     assert any("Content Security Policy" in line for line in loaded.console)
+
+
+def test_the_statistics_pressure_and_skipped_sections_fit_too(tmp_path):
+    # The long sample with every section a natural run adds: intervals, the pressure table, the
+    # exact tests of pairs with long names, skipped scenarios and an until-confidence note.
+    from harness.report.pairs import pairs
+
+    doc = load(LONG)
+    for s in doc["scenarios"]:
+        s["name"] = f"natural-hybrid32-16k-pressure_same-{s['name']}"
+    doc["pairs"] = pairs(doc["scenarios"])
+    settings = {"gemm": 8192, "gemm_streams": 1, "copy_mib": 256, "copy": "both", "process": "separate"}
+    doc["scenarios"][0]["pressure"] = {"mode": "separate process", "settings": settings, "pid": 4242, "exit_code": 0,
+                                       "achieved": {"seconds": 12.5, "gemms": 9000, "copies": 2100,
+                                                    "gemm_tflops": 412.0, "copy_gbps": 44.1}}
+    doc["scenarios"][1]["confidence"] = {"target_width": 0.05, "level": 0.95, "cap": 10000, "width": 0.07,
+                                         "reached": False}
+    doc["skipped"] = [{"name": f"natural-gqa16-16k-full-none-{i}", "why": "runs only on cuda (devices in "
+                       "scenarios/natural.toml), not on sim"} for i in range(27)]
+    assert doc["pairs"]
+    page = write_html(doc, tmp_path / "report.html")
+    text = page.read_text()
+    assert "<h2>Exact tests</h2>" in text and "<h2>Pressure</h2>" in text and "27 scenarios skipped" in text
+    loaded = open_page(page, tmp_path / "profile")
+    assert loaded.console == [] and loaded.overflowing == 0 and loaded.shown == loaded.total

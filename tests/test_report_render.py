@@ -40,10 +40,15 @@ def test_summary_of_the_sample():
     text = render_summary(SAMPLE)
     lines = text.splitlines()
     assert lines[0] == "**fence-harness** · device cuda · GPU NVIDIA H200 · torch 2.11.0+cu130 · 12/12 met"
-    assert lines[2] == "| scenario | expected | observed | stale rate | findings |"
-    assert lines[3] == "| --- | --- | --- | --- | --- |"
-    assert "| mamba-full-none | race | race | 94.0% (188/200) | 16 |" in lines
-    assert len([line for line in lines if line.startswith("| ")]) == 2 + 12  # header, rule, scenarios
+    assert lines[2].startswith("Stale rates with their 95% interval (Clopper-Pearson)")
+    assert lines[4] == ("| scenario | expected | observed | stale rate | 95% interval | replays to see (99%) "
+                        "| findings |")
+    assert lines[5] == "| --- | --- | --- | --- | --- | --- | --- |"
+    # The sample predates intervals: they are worked out from its counts.
+    assert "| mamba-full-none | race | race | 94.0% (188/200) | 89.8%–96.9% | 2 | 16 |" in lines
+    assert "| mamba-full-final_event | clean | clean | 0.0% (0/200) | 0.0%–1.8% | - | 0 |" in lines
+    scenario_rows = lines[4:lines.index("", 4)]
+    assert len(scenario_rows) == 2 + 12  # header, rule, scenarios
     assert "Kill matrix" not in text
 
 
@@ -75,7 +80,7 @@ def test_summary_marks_unmet_and_errors_and_escapes_pipes():
     assert "11/12 met · 1 errors" in text.splitlines()[0]
     row = next(line for line in text.splitlines() if line.startswith("| attention-full-final_event"))
     assert "❌" in row and "error: replay 3 timed out \\| after 30 s still pending" in row
-    assert row.count(" | ") == 4
+    assert row.count(" | ") == 6
 
 
 def test_summary_on_the_simulator_names_the_cpu():
@@ -91,8 +96,8 @@ def test_summary_on_the_simulator_names_the_cpu():
 def test_the_sample_page_has_tables_and_no_plots():
     page = render_html(SAMPLE)
     # Environment: header, run id, started, finished, command (no git commit), the device's keys;
-    # scenarios: header and 12.
-    assert page.count("<tr") == 1 + 4 + len(SAMPLE["environment"]) + 1 + 12
+    # scenarios: header and 12; exact tests: header and the three full-graph pairs (none / final_event).
+    assert page.count("<tr") == 1 + 4 + len(SAMPLE["environment"]) + 1 + 12 + 1 + 3
     assert _images(page) == []
     assert "hybrid-eager-nowaits" in page and "NVIDIA H200" in page
 

@@ -93,9 +93,9 @@ def _assert_one_line(err: InputError) -> None:
 
 def test_default_set_is_the_twelve_core_scenarios_the_fault_kinds_and_the_write_back():
     files = default_files()
-    assert [f.name for f in files] == ["default.toml", "faults.toml", "writeback.toml"]
+    assert [f.name for f in files] == ["default.toml", "faults.toml", "natural.toml", "writeback.toml"]
     # Each write-back hazard with the engine's transfer path (clean) and the variant that breaks it.
-    writeback = {(s.hazard, s.transfer): s.expect for s in load_file(files[2])}
+    writeback = {(s.hazard, s.transfer): s.expect for s in load_file(files[3])}
     assert writeback == {
         (Hazard.STORE, "engine"): Expect.CLEAN, (Hazard.STORE, "no_write_fence"): Expect.RACE,
         (Hazard.REUSE, "engine"): Expect.CLEAN, (Hazard.REUSE, "no_ack_wait"): Expect.RACE,
@@ -320,3 +320,53 @@ def test_a_pool_the_model_sizes_itself_is_the_models_error():
     with pytest.raises(InputError) as info:
         parse_text(text, "huge.toml")
     assert info.value.key == "scenario[0].model" and "shrink the model" in info.value.message
+
+
+# ---------------------------------------------------------------- the natural set
+
+
+NATURAL = load_file(default_files()[2])
+CORRECT_FENCES = ("final_event", "layerwise_graph")
+
+
+def test_the_natural_set_is_for_gpus_at_serving_shapes():
+    assert NATURAL and all(s.devices == ("cuda",) and not s.runs_on("sim") for s in NATURAL)
+    assert all(s.backend is Backend.FULL for s in NATURAL)
+    prefixes = {r.prefix for s in NATURAL for r in s.batch}
+    cached = {sum(r.prefix for r in s.batch) for s in NATURAL}
+    assert min(prefixes) == 2048 and max(cached) == 32768
+    assert {s.model.num_layers for s in NATURAL} == {8, 16, 32}
+    assert {s.model.hidden for s in NATURAL} == {1024, 2048, 4096}
+    assert {"attention", "hybrid"} == {s.model.kind for s in NATURAL}
+    assert any(s.model.kv_heads == s.model.heads for s in NATURAL)  # MHA
+    assert any(s.model.kv_heads < s.model.heads for s in NATURAL)  # GQA
+    assert any(len(s.batch) >= 4 for s in NATURAL)  # batches of several requests
+    assert {s.fault.kind for s in NATURAL} == {FaultKind.NONE, FaultKind.PRESSURE}
+
+
+def test_the_natural_set_expects_what_is_honest():
+    for s in NATURAL:
+        if s.fence in CORRECT_FENCES:
+            assert s.expect is Expect.CLEAN, s.name  # every correct fence, quiet or under pressure
+        else:
+            assert s.fence == "none" and s.expect is Expect.RACE, s.name
+    # The data is demanded wherever it showed on an H200; not at 2,048 tokens on a quiet GPU (0 of
+    # 300 stale: the analysis shows the race, the data cannot), nor under the same process's
+    # contention (no measurement says which way it moves the race).
+    no_data = {s.name for s in NATURAL if s.expect is Expect.RACE and s.evidence is None}
+    assert no_data == {"natural-mha8-2k-full-none", "natural-mha8-2k-pressure_same-full-none"}
+
+
+def test_the_natural_set_pairs_every_fence_with_its_unfenced_twin_and_quiet_with_pressure():
+    from harness.records.plain import as_plain
+    from harness.report.pairs import pairs
+
+    entries = [{"name": s.name, "definition": as_plain(s), "error": None, "stale_replays": 0, "replays": 1}
+               for s in NATURAL]
+    found = pairs(entries)
+    fenced = {p["b"] for p in found if p["kind"] == "fence"}
+    assert fenced == {s.name for s in NATURAL if s.fence != "none"}  # every fenced scenario has its twin
+    pressured = {(p["a"], p["b"]) for p in found if p["kind"] == "pressure"}
+    assert ("natural-mha8-2k-full-none", "natural-mha8-2k-pressure-full-none") in pressured
+    assert ("natural-mha8-2k-full-final_event", "natural-mha8-2k-pressure-full-final_event") in pressured
+    assert ("natural-hybrid8-22k-full-none", "natural-hybrid8-22k-pressure-full-none") in pressured

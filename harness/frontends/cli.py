@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from harness.engines import ENGINES
 from harness.frontends import engine_matrix, soak
-from harness.frontends.cli_args import device_arguments, out_argument, positive_int
+from harness.frontends.cli_args import device_arguments, interval_width, out_argument, positive_int
 from harness.frontends.fence_commands import HANDLERS as FENCE_HANDLERS
 from harness.frontends.fence_commands import add_commands as add_fence_commands
 from harness.frontends.session import (
@@ -30,6 +30,7 @@ from harness.frontends.session import (
     write_report,
 )
 from harness.records.errors import HarnessError, InputError
+from harness.records.rates import Until
 from harness.records.scenario import Scenario
 from harness.report.cli import HANDLERS as REPORT_HANDLERS
 from harness.report.cli import add_commands as add_report_commands
@@ -63,6 +64,19 @@ With no command, this help goes to stderr and the exit code is 2, as for any usa
 error. `fence-harness COMMAND --help` shows a command's options and their defaults."""
 
 
+DEFAULT_CAP = 10_000  # --until-confidence's replays at most: a rate near 0.5 is 0.04 wide by then
+
+
+def _until(args: argparse.Namespace) -> Until | None:
+    """run --until-confidence's stopping rule, or None; --max-replays alone is a usage error."""
+    width, cap = getattr(args, "until_confidence", None), getattr(args, "max_replays", None)
+    if width is None:
+        if cap is not None:
+            raise InputError("--max-replays", "", "caps --until-confidence; give --until-confidence W too")
+        return None
+    return Until(width, cap or DEFAULT_CAP)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fence-harness", description=DESCRIPTION,
                                 epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -81,6 +95,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("files", nargs="*", type=Path, help="scenario TOML files")
     out_argument(run)
     common(run)
+    run.add_argument("--until-confidence", type=interval_width, metavar="W",
+                     help="after each scenario's replays, keep replaying until its stale rate's 95%% interval "
+                          "(Clopper-Pearson) is narrower than W, e.g. 0.05; at --max-replays it stops there, "
+                          "says so, and the verdict stands on the replays made")
+    run.add_argument("--max-replays", type=positive_int, metavar="N",
+                     help=f"with --until-confidence: at most N replays a scenario (a sweep: a point) "
+                          f"(default: {DEFAULT_CAP:,})")
 
     repro = sub.add_parser("repro", help="run one scenario verbosely, replay by replay")
     repro.add_argument("name", help="scenario name")
@@ -124,6 +145,7 @@ class _Run:
 
     scenarios: list[Scenario]
     console: RunConsole
+    skipped: list[dict] = field(default_factory=list)  # {name, why}: not for this device
     results: list[ScenarioResult] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     stop: Stop | None = None
@@ -132,10 +154,36 @@ class _Run:
     def not_run(self) -> list[str]:
         return [s.name for s in self.scenarios[len(self.results):]]
 
+    @property
+    def sections(self) -> dict:
+        """What results.json adds for this run: the scenarios it skipped, when there were any."""
+        return {"skipped": self.skipped} if self.skipped else {}
+
     def partial(self, device: dict, out: Path, sections: dict | None = None) -> int:
         return write_partial(self.stop, self.results, device, out, self.started,  # type: ignore[arg-type]
-                             {**(sections or {}), "not_run": self.not_run}, len(self.results),
+                             {**self.sections, **(sections or {}), "not_run": self.not_run}, len(self.results),
                              len(self.scenarios))
+
+
+def confidence_text(r: ScenarioResult) -> str:
+    """A scenario that stopped at --max-replays before its interval was narrow enough, in words."""
+    assert r.until is not None
+    return (f"95% interval still {r.widest_interval:.3f} wide at the cap of {r.until.cap:,} replays (asked for "
+            f"< {r.until.width:g}); the verdict stands on the replays made")
+
+
+def skip_lines(skipped: list[Scenario], device: str) -> list[str]:
+    """The scenarios a device skips, one line per file and device list: "12 of scenarios/natural.toml:
+    they run only on cuda (devices = ["cuda"]), not on sim"."""
+    groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for s in skipped:
+        groups.setdefault((s.source, s.devices or ()), []).append(s.name)
+    lines = []
+    for (source, devices), names in groups.items():
+        listed = ", ".join(f'"{d}"' for d in devices)
+        lines.append(f"{len(names)} of {source}: they run only on {' / '.join(devices)} "
+                     f"(devices = [{listed}]), not on {device}")
+    return lines
 
 
 def _run_all(scenarios: list[Scenario], dev: Device, args: argparse.Namespace,
@@ -143,16 +191,26 @@ def _run_all(scenarios: list[Scenario], dev: Device, args: argparse.Namespace,
     """Run each scenario, one line each; `status(result)` overrides the ok / FAIL column."""
     from harness.frontends.console import RunConsole
 
-    run = _Run(scenarios, RunConsole())
+    skipped = [s for s in scenarios if not s.runs_on(dev.name)]
+    run = _Run([s for s in scenarios if s.runs_on(dev.name)], RunConsole(),
+               [{"name": s.name, "why": s.skip_reason(dev.name)} for s in skipped])
+
+    until = _until(args)
 
     def done(r: ScenarioResult) -> None:
         run.results.append(r)
         run.console.scenario_done(r, status(r) if status else None)
-        if r.fault_mode and "fallback" in r.fault_mode:
-            run.console.note(r.fault_mode)
+        if r.until is not None and not r.confident and r.error is None:
+            run.console.note(f"{r.scenario.name}: {confidence_text(r)}")
+        if r.fault_mode and ("fallback" in r.fault_mode or r.fault_mode.startswith("pressure: none")):
+            run.console.note(f"{r.scenario.name}: {r.fault_mode}")
 
-    run.stop = run_scenarios(scenarios, lambda: dev, args.replays, args.timeout, done,
-                             lambda: run.console.start(len(scenarios), dev.name, [s.name for s in scenarios]))
+    def begin() -> None:
+        run.console.start(len(run.scenarios), dev.name, [s.name for s in run.scenarios])
+        for line in skip_lines(skipped, dev.name):
+            run.console.skipped(line)
+
+    run.stop = run_scenarios(run.scenarios, lambda: dev, args.replays, args.timeout, done, begin, until)
     if run.stop:
         run.console.stop()
     return run
@@ -162,13 +220,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.devices import open_device
     from harness.report.results import build_results, write_results
 
+    _until(args)  # a usage error before the device opens
     scenarios = _load(args.files, args)
     dev = open_device(args.device, args.sim_costs)
     device = dev.describe()  # before the run: a device lost mid-run cannot describe itself
     run = _run_all(scenarios, dev, args)
     if run.stop:
         return run.partial(device, args.out)
-    doc = build_results(run.results, device, run.started, time.time())
+    doc = build_results(run.results, device, run.started, time.time(), run.sections)
     path = write_results(args.out, doc)
     write_report(doc, args.out)
     run.console.finish(run.results, path)
@@ -200,7 +259,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     correct = [r for r in rows if r.role is Role.CORRECT]
     killed = sum(r.ok for r in mutants)
     clean = sum(r.ok for r in correct)
-    doc = build_results(run.results, device, run.started, time.time(), section)
+    doc = build_results(run.results, device, run.started, time.time(), {**run.sections, **section})
     path = write_results(args.out, doc)
     write_report(doc, args.out)
     print(f"{killed}/{len(mutants)} mutants killed, {clean}/{len(correct)} correct variants clean; "
@@ -241,6 +300,9 @@ def cmd_repro(args: argparse.Namespace) -> int:
     if args.seed is not None:
         s = s.with_overrides(seed=args.seed)
     dev = open_device(args.device, args.sim_costs)
+    reason = s.skip_reason(dev.name)
+    if reason:
+        raise InputError(s.source, f"scenario '{s.name}'", reason)
     print(f"device: {dev.name}  scenario: {s.name}  {s.describe()}  seed {s.seed}")
     r = run_scenario(s, dev, replays=args.replays, timeout_s=args.timeout,
                      on_replay=lambda i, v: print(_describe_verdict(i, v), flush=True))

@@ -32,6 +32,18 @@ def positive_float(text: str) -> float:
     return value
 
 
+def interval_width(text: str) -> float:
+    """A confidence interval's width: a rate's interval is within [0, 1], so 0 < W < 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an interval width between 0 and 1, like 0.05, got '{text}'") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected an interval width between 0 and 1 (exclusive), got {value:g}")
+    return value
+
+
 def _sim_cost_help() -> str:
     keys = ", ".join(f"{key} (default {getattr(SimCosts, key):g})" for key in SimCosts.keys())
     return f"simulator cost model setting (repeatable), e.g. launch_us=5; keys: {keys}"

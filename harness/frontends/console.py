@@ -155,6 +155,14 @@ class RunConsole:
         else:
             self._plain(f"     note: {text}")
 
+    def skipped(self, text: str) -> None:
+        """Scenarios of the run that this device does not run (their `devices` leave it out)."""
+        if self.live:
+            assert self.console is not None
+            self.console.print(f"[yellow]skipped[/] {escape(text)}")
+        else:
+            self._plain(f"skipped {text}")
+
     def stop(self) -> None:
         """End the progress bar (finish does it; a command with its own summary calls it)."""
         if self._progress is not None:

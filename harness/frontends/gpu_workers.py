@@ -124,6 +124,9 @@ def merge(parts: list[dict], order: Iterable[str] = (), command: list[str] | Non
     Each scenario entry keeps the worker that ran it and that worker's GPU UUID;
     the environment is the first part's, plus the workers and the GPUs used.
     """
+    from harness.report.pairs import pairs
+    from harness.report.results import STATISTICS
+
     if not parts:
         raise ValueError("no parts to merge")
     parts = sorted(parts, key=lambda p: (worker_index(p["worker"]) is None, worker_index(p["worker"]) or 0))
@@ -142,6 +145,7 @@ def merge(parts: list[dict], order: Iterable[str] = (), command: list[str] | Non
     for part in parts:
         for row in (part.get("mutants") or {}).get("matrix", []):
             matrix.setdefault(row["name"], row)
+    skipped = {s["name"]: s for part in parts for s in part.get("skipped") or []}
     first = parts[0]
     workers = {p["worker"]: p["gpu_uuid"] for p in parts}
     return {
@@ -158,8 +162,11 @@ def merge(parts: list[dict], order: Iterable[str] = (), command: list[str] | Non
             "met": sum(bool(e["met"]) for e in scenarios),
             "errors": sum(e["error"] is not None for e in scenarios),
         },
+        "statistics": STATISTICS,
         "scenarios": scenarios,
+        "pairs": pairs(scenarios),  # across workers: a pair's two scenarios may have run apart
         **({"mutants": {"matrix": sorted(matrix.values(), key=by_rank)}} if matrix else {}),
+        **({"skipped": sorted(skipped.values(), key=by_rank)} if skipped else {}),
     }
 
 

@@ -186,6 +186,7 @@ class _State:
     matrix_files: set[Path] = field(default_factory=set)  # those of them that are kill-matrix files
     results: dict = field(default_factory=dict)  # name -> ScenarioResult, in run order
     matrix_rows: dict = field(default_factory=dict)  # name -> harness.run.mutants.MatrixRow, kill-matrix items
+    skipped: dict = field(default_factory=dict)  # name -> why: scenario items this device does not run
     started: float = field(default_factory=time.time)  # the session's start
     parts_dir: Path | None = None  # controller under xdist: where workers write their parts
     report_path: Path | None = None
@@ -324,6 +325,10 @@ class ScenarioItem(pytest.Item):
         from harness.run.pipeline import run_scenario
 
         state = _state(self.config)
+        reason = self.scenario.skip_reason("cuda" if state.marker() == "gpu" else "sim")
+        if reason:  # serving shapes on the simulator, say: skipped with the reason, never run
+            state.skipped[self.scenario.name] = reason
+            pytest.skip(reason)
         try:
             dev = state.device()
         except HarnessError as e:  # e.g. --harness-device cuda without CUDA: one line, no traceback
@@ -487,8 +492,9 @@ def _own_part(state: _State) -> dict:
     from harness.run.mutants import matrix_section
 
     rows = list(state.matrix_rows.values())
-    return build_results(list(state.results.values()), state.describe(), state.started, time.time(),
-                         matrix_section(rows) if rows else None)
+    sections = {**(matrix_section(rows) if rows else {}),
+                **({"skipped": [{"name": n, "why": why} for n, why in state.skipped.items()]} if state.skipped else {})}
+    return build_results(list(state.results.values()), state.describe(), state.started, time.time(), sections)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -505,7 +511,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
                                    state.gpu_uuid(), _own_part(state))
         return
     parts = []
-    if state.results:
+    if state.results or state.skipped:
         parts.append({**_own_part(state), "worker": "main", "gpu_uuid": state.gpu_uuid()})
     if state.parts_dir is not None:
         parts += gpu_workers.read_parts(state.parts_dir)

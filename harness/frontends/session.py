@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.records.errors import DeviceLost, Interrupted
+from harness.records.rates import Until
 from harness.records.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -71,13 +72,14 @@ def _is_device_error(e: BaseException) -> bool:
     return isinstance(e, accelerator) or (isinstance(e, RuntimeError) and "CUDA error" in str(e))
 
 
-def run_one(s: Scenario, dev: Device, replays: int | None, timeout_s: float) -> ScenarioResult:
+def run_one(s: Scenario, dev: Device, replays: int | None, timeout_s: float,
+            until: Until | None = None) -> ScenarioResult:
     """run_scenario, with a lost device raised as DeviceLost (carrying the scenario's error)."""
     from harness.run.pipeline import ScenarioResult, run_scenario
 
     t0 = time.perf_counter()
     try:
-        return run_scenario(s, dev, replays=replays, timeout_s=timeout_s)
+        return run_scenario(s, dev, replays=replays, timeout_s=timeout_s, until=until)
     except RuntimeError as e:
         if not _is_device_error(e):
             raise
@@ -102,9 +104,10 @@ def run_scenarios(
     timeout_s: float,
     done: Callable[[ScenarioResult], None],
     begin: Callable[[], None] = lambda: None,
+    until: Until | None = None,
 ) -> Stop | None:
     """`begin()`, then each scenario on `device()`, calling `done(result)` after each; how the
-    loop stopped early, or None.
+    loop stopped early, or None. `until`: run --until-confidence's stopping rule, or None.
 
     An interrupt (from `begin` on: once it has printed, a run has started) drops the
     scenario in progress; a lost device ends the loop after its scenario, which `done`
@@ -115,7 +118,7 @@ def run_scenarios(
         begin()
         for s in scenarios:
             try:
-                r = run_one(s, device(), replays, timeout_s)
+                r = run_one(s, device(), replays, timeout_s, until)
             except DeviceLost as e:
                 from harness.run.pipeline import ScenarioResult
 

@@ -63,6 +63,14 @@ class GateTimeout(HarnessError):
     """A gate stayed shut past its timeout; its watchdog opened it."""
 
 
+class PressureError(HarnessError):
+    """The pressure fault's contention did not start in time, or died while the replays ran.
+
+    It ends the scenario it happened in, as that scenario's error (replays that ran without
+    the contention they asked for must not pass for replays under it); the run goes on.
+    """
+
+
 class CaptureInvalidated(HarnessError):
     """A plain event was waited on inside a capture (CUDA invalidates the capture).
 

@@ -36,6 +36,7 @@ class FaultKind(NamedEnum):
     JITTER = "jitter"  # seeded random per-layer delays, new ones every replay
     CHUNKED = "chunked"  # each layer's copy split into chunks with gaps: layers land partly
     SWEEP = "sweep"  # the same scenario at each of several delays: detection vs delay
+    PRESSURE = "pressure"  # contention from outside the scenario: GEMMs and pinned copies on the device
 
 
 class Hazard(NamedEnum):
@@ -60,6 +61,21 @@ class Pace(NamedEnum):
 class DelayWhere(NamedEnum):
     EACH = "each"  # before every layer's copy
     FIRST = "first"  # before layer 0's copy only
+
+
+class CopyDirection(NamedEnum):
+    """Which way the pressure fault's pinned copies go (each direction on a stream of its own)."""
+
+    H2D = "h2d"  # host to device: the load-back's own direction, its PCIe lanes and copy engine
+    D2H = "d2h"  # device to host: a write-back's
+    BOTH = "both"
+
+
+class PressureProcess(NamedEnum):
+    """Where the pressure fault's contention runs."""
+
+    SEPARATE = "separate"  # another process, as another tenant or worker on the GPU: time-sliced contexts
+    SAME = "same"  # threads of the harness's own process: its streams share the context with the replay
 
 
 class Expect(NamedEnum):
@@ -132,6 +148,35 @@ class Request:
 
 
 @dataclass(frozen=True)
+class Pressure:
+    """The pressure fault's intensity (`harness.devices.pressure` runs it).
+
+    bf16 GEMMs of `gemm` x `gemm` matrices issued back to back on each of `gemm_streams`
+    streams, and pinned copies of `copy_mib` MiB in `copy`'s direction(s), each direction back
+    to back on a stream of its own; 0 turns either off (not both).
+    """
+
+    gemm: int = 8192
+    gemm_streams: int = 1
+    copy_mib: int = 256
+    copy: CopyDirection = CopyDirection.BOTH
+    process: PressureProcess = PressureProcess.SEPARATE
+
+    def load_text(self) -> str:
+        """The work alone: "GEMM 8192 on 1 stream, 256 MiB both copies"."""
+        parts = []
+        if self.gemm:
+            streams = "stream" if self.gemm_streams == 1 else "streams"
+            parts.append(f"GEMM {self.gemm} on {self.gemm_streams} {streams}")
+        if self.copy_mib:
+            parts.append(f"{self.copy_mib} MiB {self.copy.value} copies")
+        return ", ".join(parts)
+
+    def describe(self) -> str:
+        return f"{self.load_text()}, {self.process.value} process"
+
+
+@dataclass(frozen=True)
 class Fault:
     """What the injector does to the load stream; see `harness.records.faults` for the mechanics.
 
@@ -146,6 +191,7 @@ class Fault:
     seed: int = 0  # jitter: the random delays are a function of (seed, replay, layer)
     points: tuple[float, ...] = ()  # sweep: the delays, in microseconds
     hold_us: float = 2000.0  # gate: how long the host holds it when the replay cannot finish
+    pressure: Pressure | None = None  # pressure: the contention's intensity (None for other kinds)
 
     def describe(self) -> str:
         k = self.kind
@@ -159,6 +205,8 @@ class Fault:
             return f"jitter 0-{self.us:g}us {self.where.value} seed {self.seed}"
         if k is FaultKind.CHUNKED:
             return f"chunked x{self.chunks} gap {self.us:g}us"
+        if k is FaultKind.PRESSURE:
+            return f"pressure ({(self.pressure or Pressure()).describe()})"
         return f"sweep {','.join(f'{p:g}' for p in self.points)}us {self.where.value}"
 
 
@@ -206,7 +254,20 @@ class Scenario:
     seed: int = 0
     poison: float = float("nan")
     tolerance: Tolerance = field(default_factory=Tolerance)
+    # The device kinds it runs on ("cuda", "sim"); None: every one. Serving shapes are for GPUs:
+    # on another device the scenario is skipped, and the run says so.
+    devices: tuple[str, ...] | None = None
     source: str = "<inline>"  # the file it came from, for messages
+
+    def runs_on(self, device: str) -> bool:
+        """Whether this scenario runs on a device of this kind ("cuda" or "sim")."""
+        return self.devices is None or device in self.devices
+
+    def skip_reason(self, device: str) -> str | None:
+        """Why it does not run on `device`, or None when it does."""
+        if self.runs_on(device):
+            return None
+        return f"runs only on {' / '.join(self.devices or ())} (devices in {self.source}), not on {device}"
 
     def describe(self) -> str:
         extra = "".join(

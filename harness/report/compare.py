@@ -10,6 +10,11 @@ their wording or the streams' labels: by their `finding_records` when both entri
 else by parsing the sentences (`Finding.describe()`, this build's wording or an older one).
 Costs are compared only between runs on the same kind of device: the simulator's replays/s
 say nothing about a GPU's.
+
+Every scenario's stale rate in the two runs gets Fisher's exact test (two-sided): those that
+differ at p < 0.05 are listed with their 95% intervals, not counted as regressions (a verdict
+that changed is one already). Run one set twice, `--fence none` and `--fence final_event`, and
+the comparison is the fenced against the unfenced rate of every scenario, each with its test.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 
 from harness.records.analysis import RaceKind
+from harness.records.rates import SIGNIFICANT, Rate, exact_test
 from harness.records.trace import Region
 from harness.report.schema import validate
 
@@ -108,6 +114,27 @@ class CostRegression:
         return f"{self.what}: {self.metric} {self.baseline:g} -> {self.new:g} ({self.change_pct:+.1f}%)"
 
 
+@dataclass(frozen=True)
+class RateChange:
+    """One scenario's stale rate in both runs, with Fisher's exact test of the two."""
+
+    what: str
+    baseline: Rate
+    new: Rate
+    p_value: float
+    fences: tuple[str, str] | None = None  # (baseline's, new) when the two ran other fences
+
+    @staticmethod
+    def _text(rate: Rate) -> str:
+        low, high = rate.interval()
+        return f"{rate.stale}/{rate.replays} ({low:.1%}–{high:.1%})"
+
+    def __str__(self) -> str:
+        p = f"{self.p_value:.3f}" if self.p_value >= 0.001 else f"{self.p_value:.1e}"
+        fences = f" [fence {self.fences[0]} -> {self.fences[1]}]" if self.fences else ""
+        return f"{self.what}: stale {self._text(self.baseline)} -> {self._text(self.new)}, p = {p}{fences}"
+
+
 @dataclass
 class Comparison:
     new_races: list[str] = field(default_factory=list)          # race now, clean in the baseline
@@ -118,10 +145,16 @@ class Comparison:
     new_findings: dict[str, list[str]] = field(default_factory=dict)
     lost_findings: dict[str, list[str]] = field(default_factory=dict)
     cost_regressions: list[CostRegression] = field(default_factory=list)
+    rate_tests: list[RateChange] = field(default_factory=list)  # every scenario both runs finished
     only_in_new: list[str] = field(default_factory=list)
     only_in_baseline: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)           # the two runs' environments differ
     notes: list[str] = field(default_factory=list)              # what was not compared, and why
+
+    @property
+    def rate_changes(self) -> list[RateChange]:
+        """The stale rates that differ between the runs by more than chance (p < 0.05)."""
+        return [r for r in self.rate_tests if r.p_value < SIGNIFICANT]
 
     @property
     def regression(self) -> bool:
@@ -142,6 +175,8 @@ class Comparison:
         section("fixed races", self.fixed_races)
         section("changed evidence", self.changed_evidence)
         section("changed expectations", self.changed_expectations)
+        section(f"stale rates that differ (Fisher's exact test, two-sided, p < {SIGNIFICANT:g}, "
+                f"of {len(self.rate_tests)} compared)", [str(r) for r in self.rate_changes])
         for title, found in (("new findings", self.new_findings), ("lost findings", self.lost_findings)):
             section(title, [f"{name}: {f}" for name, fs in found.items() for f in fs])
         section("only in the new run", self.only_in_new)
@@ -237,10 +272,23 @@ def _compare_scenario(name: str, s: dict, b: dict, limit: float | None, c: Compa
         c.new_findings[name] = added
     if lost:
         c.lost_findings[name] = lost
+    rate = _rate_test(name, s, b)
+    if rate is not None:
+        c.rate_tests.append(rate)
     # Throughput only between two runs that both finished; an error has no meaningful rate.
-    rate, base_rate = s["timings"]["replays_per_s"], b["timings"]["replays_per_s"]
-    if limit is not None and not s["error"] and not b["error"] and 0 < base_rate and rate < base_rate * (1 - limit):
-        c.cost_regressions.append(CostRegression(name, "replays_per_s", base_rate, rate))
+    speed, base_speed = s["timings"]["replays_per_s"], b["timings"]["replays_per_s"]
+    if limit is not None and not s["error"] and not b["error"] and 0 < base_speed and speed < base_speed * (1 - limit):
+        c.cost_regressions.append(CostRegression(name, "replays_per_s", base_speed, speed))
+
+
+def _rate_test(name: str, s: dict, b: dict) -> RateChange | None:
+    """The exact test of one scenario's two stale rates; None where either side has none."""
+    if s["error"] or b["error"] or not s["replays"] or not b["replays"]:
+        return None
+    new, base = Rate(s["stale_replays"], s["replays"]), Rate(b["stale_replays"], b["replays"])
+    fences = ((b.get("definition") or {}).get("fence"), (s.get("definition") or {}).get("fence"))
+    differ = None not in fences and fences[0] != fences[1]
+    return RateChange(name, base, new, exact_test(base, new).p_value, fences if differ else None)  # type: ignore[arg-type]
 
 
 def _compare_bench(new_doc: dict, baseline_doc: dict, limit: float, c: Comparison) -> None:

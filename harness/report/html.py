@@ -27,15 +27,25 @@ from urllib.parse import quote
 from harness.report.results import write_atomic
 from harness.report.summary import (
     BENCH_COLUMNS,
+    PAIRS_CAPTION,
+    PRESSURE_CAPTION,
+    PRESSURE_HEADER,
+    STALE_CAPTION,
     WRONG_ARM,
     ArmCell,
     bench_caption,
     bench_points,
     bench_table,
+    confidence_text,
     headline,
+    interval_text,
     not_run,
     observed_text,
+    pairs_table,
     partial_text,
+    pressure_rows,
+    see_text,
+    skipped_text,
     stale_text,
     strategy_caption,
     strategy_cells,
@@ -204,8 +214,14 @@ def _scenario_row(s: dict, drawn: Set[str]) -> list:
     name = Cell(s["name"], href=_href(s["name"]) if s["name"] in drawn else None)
     variant = f"{variant_label(s)} ({hazard})" if hazard else variant_label(s)
     return [name, Cell(variant), _fault(s), s["expect"],
-            Cell(observed_text(s)), stale_text(s), layer_ranges(s["stale_layers"]), len(s["findings"]),
+            Cell(observed_text(s)), _stale(s), layer_ranges(s["stale_layers"]), len(s["findings"]),
             f"{s['timings']['replays_per_s']:.0f}"]
+
+
+def _stale(s: dict) -> Cell:
+    """The stale rate, its 95% interval under it, and the replays that would see it (99%)."""
+    see = see_text(s)
+    return Cell(stale_text(s), (f"95%: {interval_text(s)}", *([f"99%: {see} replays"] if see != "-" else [])))
 
 
 def _scenarios(doc: dict, drawn: Set[str]) -> str:
@@ -213,7 +229,8 @@ def _scenarios(doc: dict, drawn: Set[str]) -> str:
               "replays/s"]
     rows = [_scenario_row(s, drawn) for s in doc["scenarios"]]
     classes = ["ok" if s["met"] else "fail" for s in doc["scenarios"]]
-    body = [_table(header, rows, numeric={5, 7, 8}, row_classes=classes, css="scenarios", wrap={2, 4})]
+    body = [f'<p class="caption">{_code(_sentence(STALE_CAPTION))}</p>',
+            _table(header, rows, numeric={5, 7, 8}, row_classes=classes, css="scenarios", wrap={2, 4})]
     for s in doc["scenarios"]:
         if s["findings"]:
             items = "".join(f"<li>{escape(f)}</li>" for f in s["findings"])
@@ -225,6 +242,24 @@ def _scenarios(doc: dict, drawn: Set[str]) -> str:
 def _scenarios_section(doc: dict, drawn: Set[str]) -> str:
     """The scenario table, left out of documents with none (a benchmark's)."""
     return f"<h2>Scenarios</h2>\n{_scenarios(doc, drawn)}" if doc["scenarios"] else ""
+
+
+def _pressure_section(doc: dict) -> str:
+    rows = pressure_rows(doc)
+    if not rows:
+        return ""
+    table = _table(PRESSURE_HEADER, [[Cell(r[0]), *r[1:]] for r in rows], css="scenarios", wrap={2, 3})
+    return f'<h2>Pressure</h2>\n<p class="caption">{_code(_sentence(PRESSURE_CAPTION))}</p>\n{table}'
+
+
+def _pairs_section(doc: dict) -> str:
+    header, rows, significant = pairs_table(doc)
+    if not rows:
+        return ""
+    cells = [[Cell(r[0]), Cell(r[1]), *r[2:-1], Cell(r[-1], ("differs" if sig else "within chance",))]
+             for r, sig in zip(rows, significant, strict=True)]
+    table = _table(header, cells, numeric={5}, css="scenarios", wrap={2})
+    return f'<h2>Exact tests</h2>\n<p class="caption">{_code(_sentence(PAIRS_CAPTION))}</p>\n{table}'
 
 
 def _strategies_section(doc: dict) -> str:
@@ -255,6 +290,12 @@ def _partial(doc: dict) -> str:
     missing = not_run(doc)
     names = f"<br>Not run: {', '.join(f'<code>{escape(n)}</code>' for n in missing)}" if missing else ""
     return f'<p class="partial"><strong>{escape(text)}</strong>{names}</p>'
+
+
+def _skipped(doc: dict) -> str:
+    """The scenarios this device skipped, and a run --until-confidence's outcome."""
+    texts = [t for t in (skipped_text(doc), confidence_text(doc)) if t]
+    return "\n".join(f'<p class="note">{escape(_sentence(t))}</p>' for t in texts)
 
 
 def _index(doc: dict, drawn: list[str]) -> str:
@@ -351,11 +392,14 @@ def render_html(doc: dict) -> str:
 <h1>fence-harness report</h1>
 <p class="headline">{escape(headline(doc))}</p>
 {_partial(doc)}
+{_skipped(doc)}
 {_index(doc, drawn)}
 <h2>Environment</h2>
 {_environment(doc)}
 {_strategies_section(doc)}
 {_scenarios_section(doc, set(drawn))}
+{_pressure_section(doc)}
+{_pairs_section(doc)}
 {_plots(doc, figures)}
 <script>{SCRIPT}</script>
 </body>

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from harness.records.analysis import Finding
 from harness.records.plain import as_plain
+from harness.records.rates import LEVEL, METHOD, SEE_CONFIDENCE, Rate
 
 if TYPE_CHECKING:
     from harness.run.pipeline import ScenarioResult
@@ -46,6 +47,7 @@ def scenario_entry(r: ScenarioResult) -> dict:
         "replays": t.replays,
         "stale_replays": t.stale_replays,
         "stale_rate": t.stale_rate,
+        **rate_fields(Rate(t.stale_replays, t.replays)),
         "stale_layers": {str(k): v for k, v in sorted(t.layer_counts.items())},
         "stale_pools": dict(sorted(t.pool_counts.items())),
         "final_state_stale_replays": t.final_state_replays,
@@ -60,9 +62,12 @@ def scenario_entry(r: ScenarioResult) -> dict:
         "engine": _engine(r.scenario.engine),
         "fault_mode": r.fault_mode,
         "fault_text": r.scenario.fault.describe(),
+        "pressure": r.pressure,
+        "confidence": _confidence(r),
         "sweep": [
             {"us": p.us, "replays": p.tally.replays, "stale_replays": p.tally.stale_replays,
-             "stale_rate": p.tally.stale_rate}
+             "stale_rate": p.tally.stale_rate,
+             "stale_interval": _interval(Rate(p.tally.stale_replays, p.tally.replays))}
             for p in r.sweep
         ],
         "timeline": {
@@ -78,6 +83,37 @@ def scenario_entry(r: ScenarioResult) -> dict:
             "replays_per_s": round(r.replays_per_s, 1),
         },
     }
+
+
+def _confidence(r: ScenarioResult) -> dict | None:
+    """run --until-confidence: the width asked for, the cap, the widest interval reached (a sweep's
+    points each count), and whether every one got narrower than asked; None without it."""
+    if r.until is None:
+        return None
+    return {"target_width": r.until.width, "level": LEVEL, "cap": r.until.cap,
+            "width": round(r.widest_interval, 6), "reached": r.confident}
+
+
+def _interval(rate: Rate) -> list[float]:
+    return [round(x, 6) for x in rate.interval()]
+
+
+def rate_fields(rate: Rate) -> dict:
+    """A stale rate's uncertainty (`harness.records.rates`): its 95% interval, and the replays that
+    would see a race of that rate with 99% confidence, at the point estimate and at the interval's
+    lower bound (null where that rate is 0)."""
+    return {"stale_interval": _interval(rate), "replays_to_see": rate.replays_to_see,
+            "replays_to_see_low": rate.replays_to_see_low}
+
+
+# How results.json's rates and tests were worked out, for a reader with only the file.
+STATISTICS = {
+    "interval": f"Clopper-Pearson ({METHOD}), two-sided", "level": LEVEL,
+    "replays_to_see": f"ceil(log(1 - {SEE_CONFIDENCE}) / log(1 - rate)): replays that see a race of "
+                      f"that rate at least once with {SEE_CONFIDENCE:.0%} confidence",
+    "pairs": "Fisher's exact test, two-sided, stale/clean of two scenarios that differ only in the fence "
+             "or only in contention",
+}
 
 
 def finding_record(f: Finding) -> dict:
@@ -124,7 +160,9 @@ def build_results(
 ) -> dict:
     """The whole document; `sections` adds top-level parts (the kill matrix, a benchmark)."""
     from harness.report.environment import collect_environment
+    from harness.report.pairs import pairs
 
+    entries = [scenario_entry(r) for r in results]
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": uuid.uuid4().hex[:12],
@@ -140,7 +178,9 @@ def build_results(
             "met": sum(r.met for r in results),
             "errors": sum(r.error is not None for r in results),
         },
-        "scenarios": [scenario_entry(r) for r in results],
+        "statistics": STATISTICS,
+        "scenarios": entries,
+        "pairs": pairs(entries),
         **(sections or {}),
     }
 

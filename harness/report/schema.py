@@ -10,6 +10,12 @@ A document is one JSON object::
         name, expect ("race" | "clean"), observed ("race" | "clean" | null on error), met, error,
         replays, stale_replays, stale_rate, stale_layers {layer: replays}, findings [sentence],
         timings {wall_s, replay_loop_s, replays_per_s},
+        stale_interval
+                    (optional: older files lack it) [low, high]: the stale rate's 95% interval
+                    (Clopper-Pearson); sweep points carry one each too
+        replays_to_see, replays_to_see_low
+                    (optional) replays that see a race of the stale rate (of the interval's lower
+                    bound) at least once with 99% confidence; null where that rate is 0
         evidence    (optional: older files lack it) what showed the race: ["data", "analysis"]
         finding_records
                     (optional: older files lack it) the findings again, one record per sentence and
@@ -31,10 +37,23 @@ A document is one JSON object::
                     from ground truth, and in which layers
         fault_mode  how the fault was built, e.g. "gate (cuStreamWaitValue32)", or null
         fault_text  the fault in words, e.g. "delay 1000us each"
+        confidence  (optional) `run --until-confidence`, else null: {target_width, level (0.95), cap (the
+                    most replays), width (the widest 95% interval reached; a sweep's points each count),
+                    reached (every interval narrower than target_width)}
+        pressure    (optional) a pressure fault's contention, else null: {mode: "separate process" |
+                    "same process" | "none" (the simulator: nothing to contend for; `why` says so),
+                    settings {gemm, gemm_streams, copy_mib, copy, process}, achieved {seconds, gemms,
+                    copies, gemm_tflops, copy_gbps} or null, pid and exit_code (a separate process)}
         timeline    {clock: "virtual" | "device", stale_layers: [int], backup_stale_layers?: [int],
                      spans: [{stream, name, kind, start_us, end_us, layer?}]}: one traced
                     replay, or null; span kinds: copy (host to device) d2h (device to host) record
                     wait replay delay gate access kernel harness (sync in older files)
+    statistics      (optional) how the rates and tests were worked out, in words: {interval, level,
+                    replays_to_see, pairs}
+    pairs           (optional) [{kind: "fence" | "pressure", a, b (scenario names: unfenced then
+                    fenced, or quiet then under pressure), differs (what differs, in words), a_stale,
+                    a_replays, b_stale, b_replays, p_value}]: scenarios of the run that differ only in
+                    the fence or only in contention, with Fisher's exact test (two-sided)
     mutants         (optional) {matrix: [{name, role: "mutant" | "correct", variant, outcome:
                     "killed" | "survived" | "clean" | "flagged" | "error", stale_rate, findings,
                     data_in? ["reads" | "final state" | "host copy" | "output"], finding_kinds? [kind]}]}
@@ -47,6 +66,8 @@ A document is one JSON object::
     strategies      (optional) {cells: [{scenario, strategy, stale_replays, replays, findings,
                                 error, ok}]}: `fence-harness fences`
     soak            (optional) the counts of a `fence-harness soak` (see the README)
+    skipped         (optional) [{name, why}]: scenarios of the files that this device does not run
+                    (their `devices` leave it out), and why
     partial, interrupted, not_run
                     (optional) a run cut short: true; "SIGINT" | "SIGTERM" | "device-lost";
                     the names of the scenarios that did not finish
@@ -119,12 +140,24 @@ SCENARIO = {
                           "streams": {"copy": STR, "access": STR}}],
     "timings": {"replays_per_s": NUMBER, "wall_s?": NUMBER, "replay_loop_s?": NUMBER},
     "definition?": {"backend?": STR, "fence?": STR, "waits?": BOOL, "accessor?": STR},
-    "sweep?": [{"us": NUMBER, "replays": INT, "stale_replays": INT, "stale_rate": NUMBER}],
+    "stale_interval?": [NUMBER],
+    "replays_to_see?": Nullable(INT),
+    "replays_to_see_low?": Nullable(INT),
+    "sweep?": [{"us": NUMBER, "replays": INT, "stale_replays": INT, "stale_rate": NUMBER,
+                "stale_interval?": [NUMBER]}],
     "hazard?": OneOf(*Hazard.names()),
     "backup_stale_replays?": INT,
     "backup_stale_layers?": MapOf(INT),
     "fault_mode?": Nullable(STR),
     "fault_text?": STR,
+    "confidence?": Nullable({"target_width": NUMBER, "level": NUMBER, "cap": INT, "width": NUMBER,
+                             "reached": BOOL}),
+    "pressure?": Nullable({"mode": OneOf("separate process", "same process", "none"),
+                           "settings": {"gemm": INT, "gemm_streams": INT, "copy_mib": INT,
+                                        "copy": OneOf("h2d", "d2h", "both"), "process": OneOf("separate", "same")},
+                           "achieved": Nullable({"seconds": NUMBER, "gemms": INT, "copies": INT,
+                                                 "gemm_tflops": NUMBER, "copy_gbps": NUMBER}),
+                           "why?": STR, "pid?": INT, "exit_code?": Nullable(INT)}),
     "timeline?": Nullable({
         "clock": OneOf("virtual", "device"),
         "spans": [{"stream": STR, "name": STR, "kind": SPAN_KINDS, "start_us": NUMBER,
@@ -144,6 +177,10 @@ SCHEMA = {
     "environment": {"device": STR, "torch?": STR, "gpu?": STR, "driver?": STR},
     "summary": {"scenarios": INT, "met": INT, "errors": INT},
     "scenarios": [SCENARIO],
+    "skipped?": Nullable([{"name": STR, "why": STR}]),
+    "pairs?": Nullable([{"kind": OneOf("fence", "pressure"), "a": STR, "b": STR, "differs": STR,
+                         "a_stale": INT, "a_replays": INT, "b_stale": INT, "b_replays": INT,
+                         "p_value": NUMBER}]),
     "mutants?": Nullable({
         "matrix": [{"name": STR, "role": OneOf("mutant", "correct"), "variant": STR,
                     "outcome": OneOf("killed", "survived", "clean", "flagged", "error"),
@@ -250,10 +287,19 @@ def validate(doc, source: str = "results.json") -> None:
             raise ReportInputError(source, f"scenarios[{i}].finding_records",
                                    f"{len(records)} records for {len(s['findings'])} findings; "
                                    "expected one per finding, in the same order")
+        interval = s.get("stale_interval")
+        if interval is not None and (len(interval) != 2 or not 0 <= interval[0] <= interval[1] <= 1):
+            raise ReportInputError(source, f"scenarios[{i}].stale_interval",
+                                   f"expected [low, high] with 0 <= low <= high <= 1, got {_short(interval)}")
     names = [s["name"] for s in doc["scenarios"]]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise ReportInputError(source, "scenarios", f"scenario name '{dup}' appears twice")
+    for i, pair in enumerate(doc.get("pairs") or []):
+        for side in ("a", "b"):
+            if pair[side] not in names:
+                raise ReportInputError(source, f"pairs[{i}].{side}",
+                                       f"'{pair[side]}' is not a scenario of this file")
 
 
 def load(path: Path) -> dict:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
+from harness.records.rates import SIGNIFICANT, Rate, replays_to_see
+from harness.report.pairs import pairs_of, rate_of
 from harness.report.results import write_atomic
 
 # Why a partial run stopped, as results.json's `interrupted` names it.
@@ -47,6 +49,8 @@ def _contents(doc: dict) -> list[str]:
         parts.append(f"{s['errors']} errors")
     if doc.get("partial") and "not_run" in doc:
         parts.append(f"{len(not_run(doc))} not run")
+    if doc.get("skipped"):
+        parts.append(f"{len(doc['skipped'])} skipped on this device")
     if bench_points(doc.get("bench")):
         header, rows = bench_table(doc["bench"])
         arms = len(header) - len(BENCH_COLUMNS)
@@ -132,6 +136,81 @@ def observed_text(s: dict) -> str:
 
 def stale_text(s: dict) -> str:
     return f"{s['stale_rate']:.1%} ({s['stale_replays']}/{s['replays']})"
+
+
+def _interval(s: dict) -> tuple[float, float]:
+    """The entry's 95% interval as written, or worked out for a file written before it was."""
+    if s.get("stale_interval"):
+        low, high = s["stale_interval"]
+        return low, high
+    return rate_of(s).interval()
+
+
+def interval_text(s: dict) -> str:
+    """The stale rate's 95% interval, "82.7–90.6%"; "-" with no replays (an error before any)."""
+    if not s["replays"]:
+        return "-"
+    low, high = _interval(s)
+    return f"{low:.1%}–{high:.1%}"
+
+
+def see_text(s: dict) -> str:
+    """Replays that see a race of this rate with 99% confidence; "-" where the rate is 0."""
+    n = s["replays_to_see"] if "replays_to_see" in s else replays_to_see(rate_of(s).value)
+    return "-" if n is None else f"{n:,}"
+
+
+def p_text(p: float) -> str:
+    """A p-value: three decimals, or two significant digits below 0.001."""
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
+def _count_text(stale: int, replays: int) -> str:
+    rate = Rate(stale, replays)
+    low, high = rate.interval()
+    return f"{stale}/{replays} ({low:.1%}–{high:.1%})"
+
+
+def pairs_table(doc: dict) -> tuple[list[str], list[list[str]], list[bool]]:
+    """One row per pair of the run (`harness.report.pairs`): the two scenarios, what differs, each
+    one's stale count with its 95% interval, and the exact test's p-value; and per row whether the
+    difference is significant."""
+    rows, significant = [], []
+    for p in pairs_of(doc):
+        rows.append([p["a"], p["b"], p["differs"], _count_text(p["a_stale"], p["a_replays"]),
+                     _count_text(p["b_stale"], p["b_replays"]), p_text(p["p_value"])])
+        significant.append(p["p_value"] < SIGNIFICANT)
+    return ["first", "second", "differs", "first stale (95%)", "second stale (95%)", "p"], rows, significant
+
+
+def pressure_rows(doc: dict) -> list[list[str]]:
+    """One row per scenario under the pressure fault: where its contention ran, its settings in
+    words, and what it achieved (or why nothing ran: the simulator has nothing to contend for)."""
+    rows = []
+    for s in doc["scenarios"]:
+        p = s.get("pressure")
+        if not p:
+            continue
+        settings = p["settings"]
+        load = (f"GEMM {settings['gemm']} ×{settings['gemm_streams']}" if settings["gemm"] else "no GEMMs") + (
+            f", {settings['copy_mib']} MiB {settings['copy']}" if settings["copy_mib"] else ", no copies")
+        a = p.get("achieved")
+        if a:
+            did = f"{a['gemm_tflops']:g} TFLOP/s, {a['copy_gbps']:g} GB/s over {a['seconds']:g} s"
+        else:
+            did = p.get("why") or "nothing recorded"
+        rows.append([s["name"], p["mode"], load, did])
+    return rows
+
+
+PRESSURE_HEADER = ["scenario", "contention", "settings", "achieved"]
+PRESSURE_CAPTION = ("the pressure fault's contention per scenario: bf16 GEMMs and pinned copies on other streams "
+                    "(another process, or this one), running through the counted replays.")
+PAIRS_CAPTION = (f"scenarios of this run that differ only in the fence or only in contention; p is Fisher's "
+                 f"exact test, two-sided: below {SIGNIFICANT:g} the two stale rates differ by more than the luck "
+                 f"of the replays.")
+STALE_CAPTION = ("stale rates with their 95% interval (Clopper-Pearson), and the replays that would see a "
+                 "race of that rate at least once with 99% confidence.")
 
 
 def matrix_rows(mutants: dict | None) -> list[dict]:
@@ -265,8 +344,61 @@ def _scenario_block(doc: dict) -> list[str]:
     rows = []
     for s in doc["scenarios"]:
         mark = "" if s["met"] else " ❌"
-        rows.append([f"{s['name']}{mark}", s["expect"], observed_text(s), stale_text(s), len(s["findings"])])
-    return _table(["scenario", "expected", "observed", "stale rate", "findings"], rows)
+        rows.append([f"{s['name']}{mark}", s["expect"], observed_text(s), stale_text(s), interval_text(s),
+                     see_text(s), len(s["findings"])])
+    return [_sentence(STALE_CAPTION), "", *_table(["scenario", "expected", "observed", "stale rate", "95% interval",
+                                                   "replays to see (99%)", "findings"], rows)]
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def skipped_text(doc: dict) -> str | None:
+    """The scenarios this device did not run, and why, in one sentence per reason; None for none."""
+    groups: dict[str, list[str]] = {}
+    for s in doc.get("skipped") or []:
+        groups.setdefault(s["why"], []).append(s["name"])
+    if not groups:
+        return None
+    return " ".join(f"{_count(len(names), 'scenario')} skipped: {why}." for why, names in groups.items())
+
+
+def confidence_text(doc: dict) -> str | None:
+    """A run with --until-confidence in one sentence: the target, the cap, and who did not get there."""
+    asked = [s for s in doc["scenarios"] if s.get("confidence")]
+    if not asked:
+        return None
+    c = asked[0]["confidence"]
+    short = [s["name"] for s in asked if not s["confidence"]["reached"]]
+    text = (f"replayed until each stale rate's {c['level']:.0%} interval was narrower than {c['target_width']:g}, "
+            f"at most {c['cap']:,} replays: {len(asked) - len(short)} of {len(asked)} got there")
+    return text + (f"; at the cap: {', '.join(short)}" if short else "")
+
+
+def _confidence_block(doc: dict) -> list[str]:
+    text = confidence_text(doc)
+    return [f"**Until confidence**: {_cell(text)}"] if text else []
+
+
+def _skipped_block(doc: dict) -> list[str]:
+    text = skipped_text(doc)
+    return [f"**Skipped**: {_cell(text)}"] if text else []
+
+
+def _pressure_block(doc: dict) -> list[str]:
+    rows = pressure_rows(doc)
+    if not rows:
+        return []
+    return [f"**Pressure**: {PRESSURE_CAPTION}", "", *_table(PRESSURE_HEADER, rows)]
+
+
+def _pairs_block(doc: dict) -> list[str]:
+    header, rows, significant = pairs_table(doc)
+    if not rows:
+        return []
+    marked = [[*r[:-1], f"**{r[-1]}**" if sig else r[-1]] for r, sig in zip(rows, significant, strict=True)]
+    return [f"**Exact tests**: {PAIRS_CAPTION}", "", *_table(header, marked)]
 
 
 def _matrix_block(doc: dict) -> list[str]:
@@ -306,8 +438,10 @@ def _bench_block(doc: dict) -> list[str]:
 
 
 def render_summary(doc: dict) -> str:
-    blocks = [[f"**fence-harness** · {_cell(headline(doc))}"], _partial_block(doc), _strategy_block(doc),
-              _scenario_block(doc), _matrix_block(doc), _bench_block(doc)]
+    blocks = [[f"**fence-harness** · {_cell(headline(doc))}"], _partial_block(doc), _skipped_block(doc),
+              _confidence_block(doc),
+              _strategy_block(doc),
+              _scenario_block(doc), _pressure_block(doc), _pairs_block(doc), _matrix_block(doc), _bench_block(doc)]
     return "\n\n".join("\n".join(b) for b in blocks if b) + "\n"
 
 

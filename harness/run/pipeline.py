@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.devices.base import Device, Gate
+from harness.devices.pressure import Contention, contention
 from harness.model.runners import Runner
 from harness.records.analysis import Finding, find_races
 from harness.records.errors import HarnessError
 from harness.records.faults import sweep_points
+from harness.records.rates import Rate, Until
 from harness.records.scenario import Expect, FaultKind, Scenario
 from harness.records.trace import Span, Trace
 from harness.run.oracle import Oracle, ReplayVerdict, Tally
@@ -51,6 +53,19 @@ class ScenarioResult:
     timeline_fault: str = ""  # the fault the traced replay ran under (a sweep's: its last point)
     clock: str = "device"  # the timeline's clock: device time, or the simulator's virtual time
     verdict: Verdict | None = None  # decided once, when the scenario has ended
+    pressure: dict | None = None  # a pressure fault: how its contention ran and what it achieved
+    until: Until | None = None  # run --until-confidence: the interval width asked for, and the cap
+
+    @property
+    def widest_interval(self) -> float:
+        """The width of the stale rate's 95% interval; of the widest, for a sweep's points."""
+        tallies = [p.tally for p in self.sweep] or [self.tally]
+        return max(Rate(t.stale_replays, t.replays).width() for t in tallies)
+
+    @property
+    def confident(self) -> bool:
+        """With --until-confidence: every rate (each sweep point's) narrower than asked for."""
+        return self.until is None or self.widest_interval < self.until.width
 
     def seal(self) -> Verdict:
         """Decide the verdict from what was seen (`harness.run.verdict`); call once, at the end."""
@@ -77,6 +92,17 @@ class ScenarioResult:
 ReplayHook = Callable[[int, ReplayVerdict], None]
 
 
+def _due(tally: Tally, minimum: int, until: Until | None, batch: int) -> int:
+    """How many more counted replays are due: up to `minimum` of them, and with --until-confidence
+    a batch at a time (the batch is checked with one host synchronisation) until the stale rate's
+    95% interval is narrower than asked for, or the cap."""
+    if tally.replays < minimum:
+        return minimum - tally.replays
+    if until is None or not until.more(Rate(tally.stale_replays, tally.replays), minimum):
+        return 0
+    return min(batch, until.cap - tally.replays)
+
+
 def run_scenario(
     scenario: Scenario,
     dev: Device,
@@ -84,8 +110,9 @@ def run_scenario(
     replays: int | None = None,
     timeout_s: float = 30.0,
     on_replay: ReplayHook | None = None,
+    until: Until | None = None,
 ) -> ScenarioResult:
-    result = ScenarioResult(scenario)
+    result = ScenarioResult(scenario, until=until)
     t0 = time.perf_counter()
     gate: Gate | None = None
     # Optional: the cleanup below drops them when the scenario ends early.
@@ -94,7 +121,10 @@ def run_scenario(
     runner: Runner | None
     replay: Replayer | None
     ended = False
+    pressure = Contention()
     try:
+        # A pressure fault's process starts now: its start-up overlaps the build and the capture.
+        pressure = contention(scenario.fault, dev.torch_device)
         tb = Testbed(scenario, dev, timeout_s)
         oracle = ground_truth(tb, timeout_s)
         tb.set_waits(tb.accessor)
@@ -102,6 +132,7 @@ def run_scenario(
         runner = tb.runner(scenario.backend)
         dev.synchronize(timeout_s)
         gate, fault, result.fault_mode = open_gate(tb, timeout_s)
+        result.fault_mode = pressure.ready() or result.fault_mode  # every graph captured: contend from here
         replay = Replayer(tb, runner, timeout_s, gate, oracle)
         points = sweep_points(fault)
         n = replays or scenario.replays
@@ -123,11 +154,13 @@ def run_scenario(
         try:
             for us, point_fault in points:
                 point = SweepPoint(us, Tally())
-                for i, verdict in enumerate(replay.replays(range(n), point_fault)):
-                    result.tally.add(verdict)
-                    point.tally.add(verdict)
-                    if on_replay:
-                        on_replay(i, verdict)
+                while due := _due(point.tally, n, until, replay.observer.batch):
+                    start = point.tally.replays
+                    for i, verdict in enumerate(replay.replays(range(start, start + due), point_fault), start):
+                        result.tally.add(verdict)
+                        point.tally.add(verdict)
+                        if on_replay:
+                            on_replay(i, verdict)
                 if fault.kind is FaultKind.SWEEP:
                     result.sweep.append(point)
         finally:
@@ -145,6 +178,9 @@ def run_scenario(
         # The engine's own checks assert (LayerDoneCounter: a ring slot reused too early).
         result.error = f"{scenario.engine} assertion failed: {e}"
     finally:
+        result.pressure = pressure.stop()  # no contention outlives its scenario, whatever ended it
+        if pressure.failed and result.error is None:
+            result.error = pressure.failed  # replays that ran without it must not count as under it
         if gate is not None:
             gate.close()  # nothing stays blocked behind a scenario that failed
         if not ended:

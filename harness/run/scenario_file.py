@@ -39,6 +39,7 @@ from harness.records.releases import ReleaseExpectations
 from harness.records.scenario import (
     LAYER_KINDS,
     Backend,
+    CopyDirection,
     DelayWhere,
     DType,
     Evidence,
@@ -49,6 +50,8 @@ from harness.records.scenario import (
     ModelShape,
     NamedEnum,
     Pace,
+    Pressure,
+    PressureProcess,
     Request,
     Scenario,
     Tolerance,
@@ -373,6 +376,7 @@ _FAULT_KEYS: dict[FaultKind, tuple[tuple[str, ...], tuple[str, ...]]] = {
     FaultKind.JITTER: (("us",), ("where", "seed")),
     FaultKind.CHUNKED: (("chunks",), ("us",)),
     FaultKind.SWEEP: (("points",), ("where",)),
+    FaultKind.PRESSURE: ((), ("gemm", "gemm_streams", "copy_mib", "copy", "process")),
 }
 _FAULT_HINTS = {
     "us": "microseconds > 0",
@@ -401,6 +405,18 @@ def _points(value: Any, key: str) -> tuple[float, ...]:
     return points
 
 
+MAX_GEMM = 32768  # a side of 32,768 is 6 GiB of bf16 operands a stream: more is a typo
+MIN_GEMM = 128  # below this a GEMM is launch overhead, not contention
+
+
+def _gemm(value: Any, key: str) -> int:
+    side = _integer(0, MAX_GEMM)(value, key)
+    if 0 < side < MIN_GEMM:
+        raise _Invalid(key, f"a GEMM side of {side} contends with nothing; give 0 (no GEMMs) or "
+                            f"{MIN_GEMM}-{MAX_GEMM}")
+    return side
+
+
 _FAULT_VALUES: dict[str, Parser] = {
     "us": _delay_us,
     "where": _DELAY_WHERE,
@@ -408,6 +424,11 @@ _FAULT_VALUES: dict[str, Parser] = {
     "chunks": _integer(2, 64),
     "points": _points,
     "hold_us": _delay_us,
+    "gemm": _gemm,
+    "gemm_streams": _integer(1, 8),
+    "copy_mib": _integer(0, 8192),
+    "copy": _enum(CopyDirection),
+    "process": _enum(PressureProcess),
 }
 
 
@@ -429,6 +450,12 @@ def _fault(value: Any, key: str) -> Fault:
     values = {k: _FAULT_VALUES[k](v, f"{key}.{k}") for k, v in table.items() if k != "kind"}
     if kind is FaultKind.CHUNKED:
         values.setdefault("us", 50.0)
+    if kind is FaultKind.PRESSURE:
+        pressure = Pressure(**values)
+        if not pressure.gemm and not pressure.copy_mib:
+            raise _Invalid(f"{key}.gemm", "gemm = 0 and copy_mib = 0 leave nothing to contend with; "
+                                          "set one of them > 0")
+        return Fault(kind, pressure=pressure)
     return Fault(kind, **values)
 
 
@@ -495,6 +522,25 @@ def _tolerance(value: Any, key: str) -> Tolerance:
     return Tolerance(**{k: _number(v, f"{key}.{k}") for k, v in table.items()})
 
 
+DEVICE_KINDS = ("cuda", "sim")  # what `devices` may name: the devices, not "auto"
+
+
+def _devices(value: Any, key: str) -> tuple[str, ...]:
+    wanted = f"an array of device kinds, from: {', '.join(DEVICE_KINDS)}"
+    if not isinstance(value, list):
+        raise _Invalid(key, f"expected {wanted}, like [\"cuda\"], got {_describe(value)}")
+    if not value:
+        raise _Invalid(key, f"an empty array runs nowhere; give {wanted}, or leave the key out to run on every one")
+    for i, item in enumerate(value):
+        _string(item, f"{key}[{i}]", f"a device kind, one of: {', '.join(DEVICE_KINDS)}")
+        if item not in DEVICE_KINDS:
+            raise _Invalid(f"{key}[{i}]", f"unknown device kind {item!r}; valid: {', '.join(DEVICE_KINDS)}"
+                                          f"{_did_you_mean(item, DEVICE_KINDS)}")
+    if len(set(value)) != len(value):
+        raise _Invalid(key, "the same device kind appears twice")
+    return tuple(value)
+
+
 # Scenario fields in file order; "model" needs the file's named models, so the
 # parser for it is filled in per file (see _scenario_fields): until then it is no Parser.
 _SCENARIO_FIELDS: dict[str, Callable[..., Any]] = {
@@ -517,6 +563,7 @@ _SCENARIO_FIELDS: dict[str, Callable[..., Any]] = {
     "seed": _integer(0),
     "poison": _poison,
     "tolerance": _tolerance,
+    "devices": _devices,
 }
 
 _REQUIRED_HINTS = {
