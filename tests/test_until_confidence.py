@@ -97,3 +97,12 @@ def test_a_bad_width_is_a_usage_error(tiny, tmp_path, capsys, value, needle):
     with pytest.raises(SystemExit) as stop:
         main(["run", str(tiny), "--device", "sim", "--out", str(tmp_path / "r"), "--until-confidence", value])
     assert stop.value.code == 2 and needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("width", [0.5, 0.2, 0.1, 0.05, 0.01])
+def test_the_fewest_replays_that_can_be_narrow_enough_are_scipys(width):
+    from harness.records.rates import Rate
+
+    n = Until(width, 10_000).fewest
+    assert Rate(0, n).width() < width <= Rate(0, n - 1).width()
+    assert Rate(n, n).width() < width

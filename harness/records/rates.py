@@ -123,6 +123,13 @@ class Until:
     def narrow(self, rate: Rate) -> bool:
         return rate.replays > 0 and rate.width() < self.width
 
+    @property
+    def fewest(self) -> int:
+        """The fewest replays whose interval can be narrower than `width`: at k = 0 (or k = n),
+        where a Clopper-Pearson interval is narrowest, [0, 1 - (alpha / 2)^(1/n)]."""
+        n = math.log((1.0 - LEVEL) / 2.0) / math.log1p(-self.width)
+        return max(1, math.floor(n + 1e-9) + 1)
+
     def more(self, rate: Rate, minimum: int) -> bool:
         """Whether another replay is due after `rate`, with `minimum` replays asked for."""
         if rate.replays < minimum:

@@ -93,14 +93,17 @@ ReplayHook = Callable[[int, ReplayVerdict], None]
 
 
 def _due(tally: Tally, minimum: int, until: Until | None, batch: int) -> int:
-    """How many more counted replays are due: up to `minimum` of them, and with --until-confidence
-    a batch at a time (the batch is checked with one host synchronisation) until the stale rate's
-    95% interval is narrower than asked for, or the cap."""
+    """How many more counted replays are due: up to `minimum` of them; with --until-confidence, more
+    until the stale rate's 95% interval is narrower than asked for, or the cap. Those run a batch at
+    a time (one host synchronisation each), never past the fewest replays whose interval could be
+    narrow enough: a run in which every replay agreed stops exactly where the interval gets there,
+    any other within a batch of it."""
     if tally.replays < minimum:
         return minimum - tally.replays
     if until is None or not until.more(Rate(tally.stale_replays, tally.replays), minimum):
         return 0
-    return min(batch, until.cap - tally.replays)
+    short = until.fewest - tally.replays  # replays that cannot yet be enough, whatever they show
+    return max(1, min(batch, until.cap - tally.replays, short if short > 0 else batch))
 
 
 def run_scenario(
