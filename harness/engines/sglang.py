@@ -84,6 +84,16 @@ class Sglang:
 
         return EnginePools(self.modules, dev, layout)
 
+    def loader(self, dev, layout, pools, host):
+        """The engine's own load chain over its pools (`harness.engines.sglang_load`), or None where
+        the harness's load op stays (a model with Mamba layers)."""
+        if layout.shape.mamba_layers:
+            return None
+        from harness.engines.sglang_load import EngineLoad  # torch: not at the command line's start
+
+        self.bind(dev)
+        return EngineLoad(self.modules, dev, layout, pools.engine_kv_pool, host, self.controller.device_module)
+
     def bind(self, dev) -> None:
         # LayerLoadingEvent reads the module-level device_module when it makes events and
         # when it waits: point it at this device (one scenario runs at a time).
@@ -104,6 +114,10 @@ class DeviceModule:
 
     def stream(self, s):
         return self.dev.stream(s)
+
+    def Stream(self, *args, **kwargs):  # noqa: N802 - mirrors torch.cuda.Stream
+        """A stream the engine makes: its transfer engine's, of which only host-to-device runs here."""
+        return self.dev.Stream("load")
 
 
 @functools.lru_cache(maxsize=1)
