@@ -29,7 +29,6 @@ Attention layers only: a model with Mamba layers keeps the harness's load op.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import threading
 from typing import Any
@@ -37,6 +36,8 @@ from typing import Any
 import torch
 
 from harness.devices.base import Device
+from harness.engines.sglang import CONTROLLER, HOST_MHA, TRANSFER
+from harness.engines.sglang_pools import construct
 from harness.protocol.layout import Layout, Pool
 from harness.protocol.pools import HostPool
 from harness.protocol.schedules import LoadOp
@@ -44,17 +45,8 @@ from harness.records.errors import EngineContractBroken
 from harness.records.faults import FaultPlan
 from harness.records.trace import Region
 
-CONTROLLER = "sglang.srt.managers.cache_controller"
-TRANSFER = "sglang.srt.mem_cache.l2_transfer"
-HOST_MHA = "sglang.srt.mem_cache.pool_host.mha"
 # The copy kernel the engine's host pool calls for the `direct` backend and `layer_first` layout.
 KERNEL = "transfer_kv_direct"
-
-
-def construct(cls: Any, **known: Any) -> Any:
-    from harness.engines.sglang_pools import construct as by_signature
-
-    return by_signature(cls, **known)
 
 
 class OneRank:
@@ -99,10 +91,7 @@ class EngineLoad:
         self.dev, self.layout, self.host = dev, layout, host
         s = layout.shape
         self.attention = list(s.attention_layers)
-        # Any: sglang has no types here
-        controller_mod: Any = modules.get(CONTROLLER) or importlib.import_module(CONTROLLER)
-        transfer_mod: Any = importlib.import_module(TRANSFER)
-        host_mod: Any = importlib.import_module(HOST_MHA)
+        controller_mod, transfer_mod, host_mod = modules[CONTROLLER], modules[TRANSFER], modules[HOST_MHA]
         controller_mod.device_module = device_module
         transfer_mod.device_module = device_module  # the engine's streams and events on the harness device
         setattr(host_mod, KERNEL, self.transfer_kv_direct)  # the compiled kernel is the harness's
