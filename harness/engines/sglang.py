@@ -100,7 +100,9 @@ class Sglang:
         from harness.engines.sglang_load import EngineLoad  # torch: not at the command line's start
 
         self.bind(dev)
-        return EngineLoad(self.modules, dev, layout, pools.engine_kv_pool, host, self.controller.device_module)
+        m = self.modules
+        return EngineLoad(m[CONTROLLER], m[TRANSFER], m[HOST_MHA], dev, layout, pools.engine_kv_pool, host,
+                          self.controller.device_module)
 
     def bind(self, dev) -> None:
         # LayerLoadingEvent reads the module-level device_module when it makes events and

@@ -36,7 +36,6 @@ from typing import Any
 import torch
 
 from harness.devices.base import Device
-from harness.engines.sglang import CONTROLLER, HOST_MHA, TRANSFER
 from harness.engines.sglang_pools import construct
 from harness.protocol.layout import Layout, Pool
 from harness.protocol.pools import HostPool
@@ -86,12 +85,13 @@ def _runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
 class EngineLoad:
     """The engine's `HiCacheController` over the engine's pools; `start` is one load op."""
 
-    def __init__(self, modules: dict[str, Any], dev: Device, layout: Layout, kv_pool: Any, host: HostPool,
-                 device_module: Any):
+    def __init__(self, controller_mod: Any, transfer_mod: Any, host_mod: Any, dev: Device, layout: Layout,
+                 kv_pool: Any, host: HostPool, device_module: Any):
+        """`controller_mod`, `transfer_mod`, `host_mod`: the release's cache controller, L2 transfer
+        and MHA host-pool modules (the adapter has checked their names)."""
         self.dev, self.layout, self.host = dev, layout, host
         s = layout.shape
         self.attention = list(s.attention_layers)
-        controller_mod, transfer_mod, host_mod = modules[CONTROLLER], modules[TRANSFER], modules[HOST_MHA]
         controller_mod.device_module = device_module
         transfer_mod.device_module = device_module  # the engine's streams and events on the harness device
         setattr(host_mod, KERNEL, self.transfer_kv_direct)  # the compiled kernel is the harness's
