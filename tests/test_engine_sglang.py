@@ -228,3 +228,98 @@ def test_an_engine_assertion_is_that_scenarios_error(monkeypatch):
     monkeypatch.setattr(eng.controller.LayerDoneCounter, "update_producer", reused)
     r = run_scenario(SCENARIOS[0], SimDevice(), replays=2)
     assert r.error == "sglang assertion failed: Producer finish event should be ready before being reused."
+
+
+# ---- the engine's own load chain (attention-only models) ---------------------------------------
+
+def _attention():
+    return next(s for s in SCENARIOS if s.model.layers == "AAAA" and s.fence == "engine_execute"
+                and s.fault.kind is FaultKind.DELAY)
+
+
+def test_the_attention_load_op_is_the_engines_chain_and_only_its_copy_kernel_is_the_harnesss(monkeypatch):
+    from harness.protocol.layout import prefix_regions
+    from harness.records.trace import Copy
+
+    eng = adapter.load()
+    calls: dict[str, int] = {}
+    for mod, cls, name in ((adapter.CONTROLLER, "HiCacheController", "load"),
+                           (adapter.CONTROLLER, "HiCacheController", "start_loading"),
+                           (adapter.TRANSFER, "L2TransferEngine", "submit_host_to_device"),
+                           (adapter.HOST_MHA, "MHATokenToKVPoolHost", "load_to_device_per_layer"),
+                           (adapter.CONTROLLER, "LayerLoadingEvent", "complete")):
+        klass = getattr(eng.modules[mod], cls)
+        original = getattr(klass, name)
+
+        def spy(self, *a, _original=original, _key=f"{cls}.{name}", **k):
+            calls[_key] = calls.get(_key, 0) + 1
+            return _original(self, *a, **k)
+
+        monkeypatch.setattr(klass, name, spy)
+    s = _attention()
+    b = Testbed(s, SimDevice())
+    assert b.engine_load is not None and b.counter is b.engine_load.controller.layer_done_counter
+    assert b.load is b.engine_load.controller.l2_transfer_engine.host_to_device_stream
+    r = run_scenario(s, SimDevice(), replays=2)
+    assert r.error is None
+    loads = calls["HiCacheController.start_loading"]
+    assert loads >= 2 and calls["HiCacheController.load"] == loads == calls["L2TransferEngine.submit_host_to_device"]
+    layers = s.model.num_layers
+    assert calls["MHATokenToKVPoolHost.load_to_device_per_layer"] == loads * layers
+    assert calls["LayerLoadingEvent.complete"] == loads * layers  # the engine's on_layer_done
+    layout = b.layout
+    copied = {op.dst for op in r.trace.ops if isinstance(op, Copy)}
+    assert copied == {reg for lid in range(layers) for reg in prefix_regions(layout, lid)}
+
+
+def test_the_engines_host_pool_holds_the_harnesss_host_data():
+    import torch
+
+    b = Testbed(_attention(), SimDevice())
+    hp = b.engine_load.host_pool
+    assert type(hp).__name__ == "MHATokenToKVPoolHost" and hp.layout == "layer_first"
+    n = b.layout.total_prefix
+    assert torch.equal(hp.k_buffer[:, :n], b.host.k) and torch.equal(hp.v_buffer[:, :n], b.host.v)
+
+
+@pytest.mark.parametrize("layers", ["MMMM", "AMAM"])
+def test_a_model_with_mamba_layers_keeps_the_harnesss_load_op(layers):
+    assert Testbed(_by_layers(layers), SimDevice()).engine_load is None
+
+
+def test_the_copy_kernel_is_what_fills_the_pools(monkeypatch):
+    from harness.engines.sglang_load import EngineLoad
+
+    monkeypatch.setattr(EngineLoad, "transfer_kv_direct", lambda self, *a, **k: None)
+    with pytest.raises(ValueError, match="read poison"):  # ground truth loads through the same chain
+        run_scenario(_attention(), SimDevice(), replays=2)
+
+
+def test_a_host_sync_in_the_engines_load_chain_is_an_error_not_a_clean(monkeypatch):
+    cls = adapter.load().modules[adapter.HOST_MHA].MHATokenToKVPoolHost
+    original = cls.load_to_device_per_layer
+
+    def synced(self, *a, **k):
+        original(self, *a, **k)
+        adapter.load().controller.device_module.dev.synchronize()
+
+    monkeypatch.setattr(cls, "load_to_device_per_layer", synced)
+    r = run_scenario(_attention(), SimDevice(), replays=2)
+    assert r.error is not None and "host synchronised" in r.error and r.observed is None
+
+
+def test_the_kernel_copies_each_run_of_consecutive_rows_once():
+    from harness.engines.sglang_load import _runs
+
+    assert _runs([0, 1, 2, 7, 8], [16, 17, 18, 32, 34]) == [(0, 16, 3), (7, 32, 1), (8, 34, 1)]
+    assert _runs([], []) == []
+
+
+def test_an_allocation_the_layout_did_not_place_is_an_error():
+    import torch
+
+    from harness.engines.sglang_load import Allocator
+    from harness.records.errors import EngineContractBroken
+
+    with pytest.raises(EngineContractBroken, match="asked for 3 slots"):
+        Allocator(None, torch.arange(4)).alloc(3)

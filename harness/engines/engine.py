@@ -17,6 +17,9 @@ class Adapter(Protocol):
 
     def pools(self, dev: Any, layout: Any) -> Any: ...  # the engine's device pools (a HybridPool)
 
+    # the engine's own load chain (`counter`, `stream`, `start(fault, gate, listeners) -> LoadOp`), or None
+    def loader(self, dev: Any, layout: Any, pools: Any, host: Any) -> Any: ...
+
 
 @dataclass(frozen=True)
 class Engine:

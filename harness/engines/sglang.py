@@ -10,6 +10,9 @@ the release's own `PrefillCudaGraphRunner.execute`, not by the adapter.
 - the device pools (`MHATokenToKVPool`, `HybridLinearKVPool`, `HybridReqToTokenPool` with
   its `MambaPool`, `sglang/srt/mem_cache/memory_pool.py`): the model's KV and Mamba state
   and their waiting accessors (`harness.engines.sglang_pools`).
+- the load chain (`HiCacheController.load` / `start_loading`, `L2TransferEngine`,
+  `MHATokenToKVPoolHost`), for attention-only models, with the copy kernel the harness's
+  (`harness.engines.sglang_load`).
 - `PrefillCudaGraphRunner.execute` (`.../model_executor/runner/prefill_cuda_graph_runner.py`),
   called unbound on an instance of the engine's own class made without `__init__`, so
   every `self.method` it calls is that release's; its body replay is the engine's own
@@ -41,10 +44,13 @@ ATTENTION = "sglang.srt.layers.attention.base_attn_backend"
 TEST_UTILS = "sglang.test.test_utils"
 MEMORY = "sglang.srt.mem_cache.memory_pool"
 MAMBA = "sglang.srt.configs.mamba_utils"
+TRANSFER = "sglang.srt.mem_cache.l2_transfer"
+HOST_MHA = "sglang.srt.mem_cache.pool_host.mha"
 
 # What the adapter uses, by module: the names must exist or the adapter refuses to run.
 NEEDED = {
-    CONTROLLER: ("LayerDoneCounter", "LayerLoadingEvent", "device_module"),
+    CONTROLLER: ("LayerDoneCounter", "LayerLoadingEvent", "device_module", "HiCacheController.load",
+                 "HiCacheController.start_loading"),
     RUNNER: ("PrefillCudaGraphRunner.execute", "PrefillCudaGraphRunner.load_batch",
              "PrefillCudaGraphRunner._shape_key", "LogitsProcessorOutput", "Backend.FULL"),
     BACKEND: ("FullCudaGraphBackend.replay", "FullCudaGraphBackend.replay_session"),
@@ -54,6 +60,8 @@ NEEDED = {
     MEMORY: ("MHATokenToKVPool.get_key_buffer", "MHATokenToKVPool.get_value_buffer", "HybridLinearKVPool",
              "HybridReqToTokenPool.mamba2_layer_cache", "MambaPool.mamba2_layer_cache"),
     MAMBA: ("Mamba2CacheParams", "Mamba2StateShape", "Mamba2StateDType"),
+    TRANSFER: ("L2TransferEngine.submit_host_to_device", "device_module"),
+    HOST_MHA: ("MHATokenToKVPoolHost.load_to_device_per_layer",),
 }
 INSTALL = "make test-engine, or: pip install '.[sglang]' && pip install --no-deps sglang==0.5.23"
 
@@ -84,6 +92,18 @@ class Sglang:
 
         return EnginePools(self.modules, dev, layout)
 
+    def loader(self, dev, layout, pools, host):
+        """The engine's own load chain over its pools (`harness.engines.sglang_load`), or None where
+        the harness's load op stays (a model with Mamba layers)."""
+        if layout.shape.mamba_layers:
+            return None
+        from harness.engines.sglang_load import EngineLoad  # torch: not at the command line's start
+
+        self.bind(dev)
+        m = self.modules
+        return EngineLoad(m[CONTROLLER], m[TRANSFER], m[HOST_MHA], dev, layout, pools.engine_kv_pool, host,
+                          self.controller.device_module)
+
     def bind(self, dev) -> None:
         # LayerLoadingEvent reads the module-level device_module when it makes events and
         # when it waits: point it at this device (one scenario runs at a time).
@@ -104,6 +124,10 @@ class DeviceModule:
 
     def stream(self, s):
         return self.dev.stream(s)
+
+    def Stream(self, *args, **kwargs):  # noqa: N802 - mirrors torch.cuda.Stream
+        """A stream the engine makes: its transfer engine's, of which only host-to-device runs here."""
+        return self.dev.Stream("load")
 
 
 @functools.lru_cache(maxsize=1)

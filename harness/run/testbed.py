@@ -16,7 +16,7 @@ from harness.protocol.hazards import HAZARDS, HazardBed, make_hazard
 from harness.protocol.layout import plan_layout, prefix_regions
 from harness.protocol.loadback import CopyPlan, LayerDoneCounter, plan_copies
 from harness.protocol.pools import HostPool, HybridPool
-from harness.protocol.schedules import LayerListener, LoadOp, Schedule, start_loading
+from harness.protocol.schedules import LayerListener, LoadOp, Schedule, layerwise, start_loading
 from harness.protocol.writeback import HostBackup, WriteBack, transfer_policy
 from harness.records.errors import ReplayTimeout
 from harness.records.faults import FaultPlan
@@ -45,9 +45,14 @@ class Testbed:
         backup = HostBackup(dev, layout) if HAZARDS[s.hazard].backs_up else None
         self.model = HybridModel(dev, layout, self.pool, s.seed, backup)
         n = layout.shape.num_layers
-        self.counter: Any = engine.counter(dev, n) if engine else LayerDoneCounter(dev, n)
+        # The engine's own load chain where it has one for this model: its counter and its load stream.
+        self.engine_load: Any = engine.loader(dev, layout, self.pool, self.host) if engine else None
+        if self.engine_load is not None:
+            self.counter: Any = self.engine_load.counter
+        else:
+            self.counter = engine.counter(dev, n) if engine else LayerDoneCounter(dev, n)
         self.forward = dev.Stream("forward")
-        self.load = dev.Stream("load")
+        self.load = self.engine_load.stream if self.engine_load is not None else dev.Stream("load")
         self.ran = dev.Event()  # recorded after the forward, when a gate waits for it
         chunks = s.fault.chunks if s.fault.kind is FaultKind.CHUNKED else 1
         # Built once: the replay loop only enqueues (host time there shifts the race window).
@@ -66,10 +71,20 @@ class Testbed:
                    copies: CopyPlan | None = None) -> LoadOp:
         """Enqueue a load op (on the forward stream, as the engine does); the batch carries its index."""
         self._wait_for_free_slot()
+        if self._by_engine(schedule, copies):
+            op = self.engine_load.start(plan, gate, self.listeners)
+            self.counter.set_consumer(op.index)
+            return op
         op = start_loading(self.dev, self.counter, self.load, self.copies if copies is None else copies, plan,
                            self.layout, schedule or self.schedule, gate, self.listeners)
         self.counter.set_consumer(op.index)
         return op
+
+    def _by_engine(self, schedule: Schedule | None, copies: CopyPlan | None) -> bool:
+        """This batch's own load op, with the engine's schedule, one copy per layer and nothing
+        listening per layer: the engine's load chain runs it (anything else is the harness's)."""
+        return (self.engine_load is not None and copies is None and (schedule or self.schedule) is layerwise
+                and not self.listeners and self.scenario.fault.kind is not FaultKind.CHUNKED)
 
     def _wait_for_free_slot(self) -> None:
         """Block the host until the ring slot the next load op takes has finished its last load.

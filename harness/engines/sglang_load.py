@@ -1,0 +1,175 @@
+"""SGLang's own load chain, filling the engine's device pools from its own host pool.
+
+One load op is the engine's code end to end: `HiCacheController.load` (the allocator hands
+out the slots), `HiCacheController.start_loading` (producer slot, start event on the
+scheduling stream, the L2 transfer engine's `submit_host_to_device` on its host-to-device
+stream), the engine's host pool `MHATokenToKVPoolHost.load_to_device_per_layer` with the
+`direct` I/O backend, and `on_layer_done` (the engine's `LayerLoadingEvent.complete`)
+after each layer (`sglang/srt/managers/cache_controller.py`, `mem_cache/l2_transfer.py`,
+`mem_cache/pool_host/mha.py`).
+
+Only the compiled copy kernel is the harness's: `transfer_kv_direct` (from `sgl_kernel`),
+written with the harness device's `copy_async` so the op list and the analyser see every
+copy with the device region it writes and the host rows it reads. It applies the
+scenario's fault as the harness's `LoadOp` does: the gate holds the stream before the
+op's first copy, the delay comes before each layer's copies.
+
+Stand-ins, only for what needs a server, each the smallest the code path reads:
+- the token-to-KV allocator: `get_kvcache` (the engine's device pool), `alloc` (the slots
+  the harness's layout placed the cached prefix in), `set_hicache_transfer_done_event`
+  (noted, as nothing here frees slots);
+- `tp_group`: one rank (no process group: `_create_sync_groups` then creates none);
+- `load_cache_event`: a `threading.Event`.
+
+The engine's host pool is built by its constructor's signature (0.5.20 takes the device
+pool, later releases its `MHABufferInfo` and the device capacity and layer range) and
+filled once, at set-up, with the harness's seeded host data, so ground truth is the same.
+Attention layers only: a model with Mamba layers keeps the harness's load op.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from typing import Any
+
+import torch
+
+from harness.devices.base import Device
+from harness.engines.sglang_pools import construct
+from harness.protocol.layout import Layout, Pool
+from harness.protocol.pools import HostPool
+from harness.protocol.schedules import LoadOp
+from harness.records.errors import EngineContractBroken
+from harness.records.faults import FaultPlan
+from harness.records.trace import Region
+
+# The copy kernel the engine's host pool calls for the `direct` backend and `layer_first` layout.
+KERNEL = "transfer_kv_direct"
+
+
+class OneRank:
+    """`tp_group` of a single-rank server: no process group (`_create_sync_groups` skips it)."""
+
+
+class Allocator:
+    """The token-to-KV allocator the controller reads: the device pool, and the layout's prefix slots."""
+
+    def __init__(self, kv_pool: Any, slots: torch.Tensor):
+        self.kv_pool, self.slots = kv_pool, slots
+        self.transfer_done: dict[Any, Any] = {}
+
+    def get_kvcache(self) -> Any:
+        return self.kv_pool
+
+    def alloc(self, need_size: int) -> torch.Tensor:
+        if need_size != len(self.slots):
+            raise EngineContractBroken(f"the engine asked for {need_size} slots; the layout placed {len(self.slots)}")
+        return self.slots.clone()
+
+    def set_hicache_transfer_done_event(self, key: Any, event: Any) -> None:
+        self.transfer_done[key] = event
+
+
+def _runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
+    """(src start, dst start, length) of each run where both index lists step by one."""
+    runs: list[tuple[int, int, int]] = []
+    for s, d in zip(src, dst, strict=True):
+        if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((s, d, 1))
+    return runs
+
+
+class EngineLoad:
+    """The engine's `HiCacheController` over the engine's pools; `start` is one load op."""
+
+    def __init__(self, controller_mod: Any, transfer_mod: Any, host_mod: Any, dev: Device, layout: Layout,
+                 kv_pool: Any, host: HostPool, device_module: Any):
+        """`controller_mod`, `transfer_mod`, `host_mod`: the release's cache controller, L2 transfer
+        and MHA host-pool modules (the adapter has checked their names)."""
+        self.dev, self.layout, self.host = dev, layout, host
+        s = layout.shape
+        self.attention = list(s.attention_layers)
+        controller_mod.device_module = device_module
+        transfer_mod.device_module = device_module  # the engine's streams and events on the harness device
+        setattr(host_mod, KERNEL, self.transfer_kv_direct)  # the compiled kernel is the harness's
+        loaded = [r for r in layout.requests if len(r.prefix)]
+        host_rows = [r.host_offset + i for r in loaded for i in range(len(r.prefix))]
+        slots = [r.prefix.start + i for r in loaded for i in range(len(r.prefix))]
+        self.host_indices = torch.tensor(host_rows, dtype=torch.int64)
+        self.host_pool = self._host_pool(host_mod.MHATokenToKVPoolHost, kv_pool, layout, dev)
+        for a in range(len(self.attention)):  # the harness's seeded data, so ground truth matches
+            self.host_pool.k_buffer[a, : layout.total_prefix].copy_(host.k[a])
+            self.host_pool.v_buffer[a, : layout.total_prefix].copy_(host.v[a])
+        device = getattr(kv_pool, "device", "cpu")
+        self.allocator = Allocator(kv_pool, torch.tensor(slots, dtype=torch.int64, device=device))
+        self.controller = construct(
+            controller_mod.HiCacheController, token_to_kv_pool_allocator=self.allocator,
+            mem_pool_host=self.host_pool, page_size=s.page_size, tp_group=OneRank(),
+            load_cache_event=threading.Event(), io_backend="direct", write_policy="write_through")
+        self.counter = self.controller.layer_done_counter
+        self.stream = self.controller.l2_transfer_engine.host_to_device_stream
+        mha = getattr(kv_pool, "full_kv_pool", kv_pool)
+        self._dst = {t.data_ptr(): (Pool.K, self.attention[a]) for a, t in enumerate(mha.k_buffer)}
+        self._dst |= {t.data_ptr(): (Pool.V, self.attention[a]) for a, t in enumerate(mha.v_buffer)}
+        self.op: LoadOp | None = None
+        self.copies = 0
+
+    @staticmethod
+    def _host_pool(cls: Any, kv_pool: Any, layout: Layout, dev: Device) -> Any:
+        """The engine's host pool for the device pool, by its constructor's signature."""
+        capacity = int(kv_pool.size)
+        ratio = max(2.0, (layout.total_prefix + 2 * layout.shape.page_size) / capacity + 1)
+        known: dict[str, Any] = dict(
+            device_pool=kv_pool, host_to_device_ratio=ratio, host_size=0, page_size=layout.shape.page_size,
+            layout="layer_first", pin_memory=dev.torch_device.type == "cuda", device="cpu",
+            device_capacity_tokens=capacity, start_layer=0, end_layer=int(kv_pool.layer_num) - 1)
+        if "buffer_info" in inspect.signature(cls).parameters:
+            (info,) = kv_pool.get_device_pool_infos()
+            known["buffer_info"] = info.buffer_info
+        return construct(cls, **known)
+
+    def start(self, fault: FaultPlan, gate: Any, listeners: Any) -> LoadOp:
+        """One load op through the engine's own chain (on the scheduling stream)."""
+        self.op = op = LoadOp(self.dev, self.stream, None, [], fault, -1, self.layout, gate, listeners)
+        try:
+            if self.controller.load(self.host_indices) is None:
+                raise EngineContractBroken("HiCacheController.load got no device slots")
+            op.index = self.controller.start_loading()
+        finally:
+            self.op = None
+        if op.index < 0:
+            raise EngineContractBroken("HiCacheController.start_loading started no load op")
+        op.events = self.counter.events[op.index]
+        self.controller.ack_load_queue.clear()  # the scheduler's ack poll: the testbed's free-slot wait
+        return op
+
+    def transfer_kv_direct(self, src_layers: list[torch.Tensor], dst_layers: list[torch.Tensor],
+                           src_indices: torch.Tensor, dst_indices: torch.Tensor, page_size: int) -> None:
+        """The compiled kernel's contract: copy rows `src_indices` of each source layer into rows
+        `dst_indices` of its destination, on the current stream; with the fault applied."""
+        op = self.op
+        if op is None:
+            raise EngineContractBroken(f"{KERNEL} ran outside a load op the harness started")
+        src, dst = src_indices.tolist(), dst_indices.tolist()
+        runs = _runs(src, dst)
+        layers = {self._where(d)[1] for d in dst_layers}
+        if len(layers) != 1:
+            raise EngineContractBroken(f"{KERNEL} was asked to copy into layers {sorted(layers)} at once")
+        (layer,) = layers
+        op.hold()
+        op.pause(layer)
+        for s_t, d_t in zip(src_layers, dst_layers, strict=True):
+            pool, _ = self._where(d_t)
+            for s0, d0, n in runs:
+                self.dev.copy_async(d_t[d0:d0 + n], s_t[s0:s0 + n], Region(pool, layer, d0, d0 + n),
+                                    Region(Pool.on_host(self.host.name, pool), layer, s0, s0 + n))
+                self.copies += 1
+
+    def _where(self, dst: torch.Tensor) -> tuple[str, int]:
+        found = self._dst.get(dst.data_ptr())
+        if found is None:
+            raise EngineContractBroken(f"{KERNEL} was asked to copy into a buffer that is not the engine's KV pool")
+        return found
