@@ -133,6 +133,10 @@ def test_a_workload_that_cannot_start_is_one_error(monkeypatch):
 def test_in_process_contention_starts_and_stops():
     handle = InProcess(SMALL, device=CPU)
     assert handle.ready(30) == "pressure (same process: GEMM 128 on 1 stream, 1 MiB both copies)"
+    deadline = time.monotonic() + 30  # a loaded runner: give its threads the time to count a GEMM
+    counts = handle._workload._counts
+    while time.monotonic() < deadline and not any(n for k, n in counts.items() if k.startswith("gemm")):
+        time.sleep(0.01)
     record = handle.stop()
     assert record is not None and record["mode"] == "same process" and record["achieved"]["gemms"] >= 1
     assert handle.failed is None and handle.stop() == record  # stopping twice is harmless
