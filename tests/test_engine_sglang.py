@@ -230,6 +230,20 @@ def test_an_engine_assertion_is_that_scenarios_error(monkeypatch):
     assert r.error == "sglang assertion failed: Producer finish event should be ready before being reused."
 
 
+def test_an_engine_module_missing_on_this_path_is_that_scenarios_error_in_one_line(monkeypatch):
+    # On CUDA, sglang 0.5.22's MambaPool imports a module at construction that a pack recorded on
+    # the CPU lacked: the run must go on, with that scenario's error, not end in a traceback.
+    eng = adapter.load()
+
+    def pools(dev, layout):
+        raise ModuleNotFoundError("No module named 'sglang.srt.mem_cache.mamba_slot_fused'\nmore detail")
+
+    monkeypatch.setattr(type(eng), "pools", lambda self, dev, layout: pools(dev, layout))
+    r = run_scenario(SCENARIOS[0], SimDevice(), replays=2)
+    assert r.error == "sglang raised ModuleNotFoundError: No module named 'sglang.srt.mem_cache.mamba_slot_fused'"
+    assert not r.met
+
+
 # ---- the engine's own load chain (attention-only models) ---------------------------------------
 
 def _attention():

@@ -350,11 +350,11 @@ def test_the_natural_set_expects_what_is_honest():
             assert s.expect is Expect.CLEAN, s.name  # every correct fence, quiet or under pressure
         else:
             assert s.fence == "none" and s.expect is Expect.RACE, s.name
-    # The data is demanded wherever it showed on an H200; not at 2,048 tokens on a quiet GPU (0 of
-    # 300 stale: the analysis shows the race, the data cannot), nor under the same process's
-    # contention (no measurement says which way it moves the race).
+    # The data is demanded wherever it showed on an H200; not at 2,048 tokens, where the pace (and
+    # at the idle pace, contention) decides whether the copies win (0 of 300 stale idle and quiet).
     no_data = {s.name for s in NATURAL if s.expect is Expect.RACE and s.evidence is None}
-    assert no_data == {"natural-mha8-2k-full-none", "natural-mha8-2k-pressure_same-full-none"}
+    assert no_data == {"natural-mha8-2k-full-none", "natural-mha8-2k-idle-full-none",
+                       "natural-mha8-2k-idle-pressure-full-none"}
 
 
 def test_the_natural_set_pairs_every_fence_with_its_unfenced_twin_and_quiet_with_pressure():

@@ -147,12 +147,20 @@ def _list(cuda_branches: bool) -> None:
     print(json.dumps(files))
 
 
+def siblings(files: set[str]) -> set[str]:
+    """The other modules of each package a recorded file is in: code that imports inside a function,
+    on a path this machine cannot take, mostly imports a sibling (on CUDA, MambaPool's constructor
+    imports mem_cache.mamba_slot_fused), and the recording above sees only what ran here."""
+    return {str(f) for d in {Path(x).parent for x in files} for f in d.glob("*.py")}
+
+
 def pack(releases: list[str], engines_dir: Path, out: Path, wheels: bool) -> None:
     stubs = out / "stubs"
     write_stubs(stubs)
     for version in releases:
         target = install(version, engines_dir).resolve()
         files = set(imported_files(target, stubs, True)) | set(imported_files(target, stubs, False))
+        files |= siblings(files)
         dest = out / f"sglang-{version}"
         shutil.rmtree(dest, ignore_errors=True)
         size = 0

@@ -180,6 +180,13 @@ def run_scenario(
             raise  # the harness's own assertion: a bug to see whole
         # The engine's own checks assert (LayerDoneCounter: a ring slot reused too early).
         result.error = f"{scenario.engine} assertion failed: {e}"
+    except Exception as e:
+        if scenario.engine is None:
+            raise  # the harness's own bug: seen whole
+        # The engine's own code failed here (a module its CUDA path imports that this install
+        # lacks, say): that scenario's error, in one line; the run goes on.
+        first = (str(e).strip().splitlines() or [""])[0]
+        result.error = f"{scenario.engine} raised {type(e).__name__}: {first}"
     finally:
         result.pressure = pressure.stop()  # no contention outlives its scenario, whatever ended it
         if pressure.failed and result.error is None:
