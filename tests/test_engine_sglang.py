@@ -233,12 +233,12 @@ def test_an_engine_assertion_is_that_scenarios_error(monkeypatch):
 def test_an_engine_module_missing_on_this_path_is_that_scenarios_error_in_one_line(monkeypatch):
     # On CUDA, sglang 0.5.22's MambaPool imports a module at construction that a pack recorded on
     # the CPU lacked: the run must go on, with that scenario's error, not end in a traceback.
-    eng = adapter.load()
+    from harness.engines import sglang_pools
 
-    def pools(dev, layout):
+    def build(self, *args, **kwargs):
         raise ModuleNotFoundError("No module named 'sglang.srt.mem_cache.mamba_slot_fused'\nmore detail")
 
-    monkeypatch.setattr(type(eng), "pools", lambda self, dev, layout: pools(dev, layout))
+    monkeypatch.setattr(sglang_pools.EnginePools, "__init__", build)  # reached through the adapter
     r = run_scenario(SCENARIOS[0], SimDevice(), replays=2)
     assert r.error == "sglang raised ModuleNotFoundError: No module named 'sglang.srt.mem_cache.mamba_slot_fused'"
     assert not r.met

@@ -9,7 +9,9 @@ the runner -> one traced replay (the op list the analyser reads, and the timelin
 from __future__ import annotations
 
 import gc
+import os
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -106,6 +108,12 @@ def _due(tally: Tally, minimum: int, until: Until | None, batch: int) -> int:
     return max(1, min(batch, until.cap - tally.replays, short if short > 0 else batch))
 
 
+def _raised_in_engine(e: BaseException, engine: str) -> bool:
+    """Whether `e` came through the engine's code or its adapter (harness/engines/)."""
+    marks = (f"{os.sep}{engine}{os.sep}", f"{os.sep}harness{os.sep}engines{os.sep}")
+    return any(m in frame.filename for frame in traceback.extract_tb(e.__traceback__) for m in marks)
+
+
 def run_scenario(
     scenario: Scenario,
     dev: Device,
@@ -181,7 +189,7 @@ def run_scenario(
         # The engine's own checks assert (LayerDoneCounter: a ring slot reused too early).
         result.error = f"{scenario.engine} assertion failed: {e}"
     except Exception as e:
-        if scenario.engine is None:
+        if scenario.engine is None or not _raised_in_engine(e, scenario.engine):
             raise  # the harness's own bug: seen whole
         # The engine's own code failed here (a module its CUDA path imports that this install
         # lacks, say): that scenario's error, in one line; the run goes on.
