@@ -149,19 +149,18 @@ class RunConsole:
 
     def note(self, text: str) -> None:
         """A remark on the scenario just done (how a fault was injected, say)."""
-        if self.live:
-            assert self.console is not None
-            self.console.print(f"     [dim]note: {escape(text)}[/]")
-        else:
-            self._plain(f"     note: {text}")
+        self._say(f"     [dim]note: {escape(text)}[/]", f"     note: {text}")
 
     def skipped(self, text: str) -> None:
         """Scenarios of the run that this device does not run (their `devices` leave it out)."""
+        self._say(f"[yellow]skipped[/] {escape(text)}", f"skipped {text}")
+
+    def _say(self, markup: str, plain: str) -> None:
         if self.live:
             assert self.console is not None
-            self.console.print(f"[yellow]skipped[/] {escape(text)}")
+            self.console.print(markup)
         else:
-            self._plain(f"skipped {text}")
+            self._plain(plain)
 
     def stop(self) -> None:
         """End the progress bar (finish does it; a command with its own summary calls it)."""

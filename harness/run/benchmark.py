@@ -133,7 +133,7 @@ def load_bound(ctx: FenceContext) -> _LoadOnly:
 LOAD_BOUND = f"{__name__}:load_bound"
 
 
-class _Arm:
+class Arm:
     """One arm's testbed and replay loop; `time()` runs one iteration and reads its markers."""
 
     def __init__(self, dev: Device, scenario: Scenario, timeout_s: float):
@@ -142,7 +142,7 @@ class _Arm:
         tb.set_waits(tb.accessor)
         tb.setup_fence()
         self.replay = Replayer(tb, tb.runner(scenario.backend), timeout_s)
-        self.forward = tb.forward
+        self.forward, self.load = tb.forward, tb.load
 
     def time(self, load: bool = True) -> tuple[float, float]:
         """(end to end, load op start to where the forward could start), in microseconds."""
@@ -156,9 +156,9 @@ class _Arm:
 
 def bench_point(dev: Device, point: Point, repeats: int, warmup: int, timeout_s: float = 30.0,
                 arms: Sequence[str] = ARMS) -> PointResult:
-    compute = _Arm(dev, point.scenario(), timeout_s)
-    load = _Arm(dev, point.scenario().with_overrides(fence=LOAD_BOUND), timeout_s)
-    runs = {name: _Arm(dev, point.scenario().with_overrides(fence=name), timeout_s) for name in arms}
+    compute = Arm(dev, point.scenario(), timeout_s)
+    load = Arm(dev, point.scenario().with_overrides(fence=LOAD_BOUND), timeout_s)
+    runs = {name: Arm(dev, point.scenario().with_overrides(fence=name), timeout_s) for name in arms}
     dev.synchronize(timeout_s)
     samples: dict[str, list[float]] = {n: [] for n in (*BASELINES, *arms)}
     gaps: dict[str, list[float]] = {n: [] for n in arms}

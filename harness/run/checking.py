@@ -20,9 +20,8 @@ from dataclasses import dataclass
 
 from harness.devices.base import Device
 from harness.records.scenario import Backend, Expect, Fault, ModelShape, Request, Scenario
+from harness.run.benchmark import Arm
 from harness.run.pipeline import run_scenario
-from harness.run.replay import Replayer
-from harness.run.testbed import Testbed
 
 HOLD_US = 5000.0  # the spin that keeps the device busy while the host enqueues a timed replay
 
@@ -86,20 +85,17 @@ class CheckingPoint:
 def device_time_ms(dev: Device, scenario: Scenario, repeats: int, warmup: int = 3,
                    timeout_s: float = 30.0) -> list[float]:
     """Load + fence + forward of `scenario`, device time per repeat (ms), nothing observed."""
-    tb = Testbed(scenario, dev, timeout_s)
-    tb.set_waits(tb.accessor)
-    tb.setup_fence()
-    replay = Replayer(tb, tb.runner(scenario.backend), timeout_s)
+    arm = Arm(dev, scenario, timeout_s)  # the benchmark's testbed and unobserved replay loop
     out = []
     for i in range(warmup + repeats):
         dev.synchronize(timeout_s)
-        with dev.stream(tb.forward):
+        with dev.stream(arm.forward):
             dev.delay(HOLD_US)
-            start = dev.mark(tb.forward)
-        replay.enqueue(i, Fault())
-        with dev.stream(tb.forward):
-            tb.forward.wait_stream(tb.load)
-            end = dev.mark(tb.forward)
+            start = dev.mark(arm.forward)
+        arm.replay.enqueue(i, Fault())
+        with dev.stream(arm.forward):
+            arm.forward.wait_stream(arm.load)
+            end = dev.mark(arm.forward)
         dev.synchronize(timeout_s)
         if i >= warmup:
             a, b = dev.marker_us(start), dev.marker_us(end)

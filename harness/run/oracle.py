@@ -84,13 +84,21 @@ class Oracle:
         self.tolerance = tolerance
         # Units are rows of equal size within a segment: compare a segment as a [units, size]
         # view and reduce each row (no atomics; a serving shape has hundreds of thousands).
-        self._segments: list[tuple[slice, slice, int, bool]] = []  # elements, units, unit size, computed
+        # A probe is a copy of pool memory, so fresh is bit for bit: its rows are compared as
+        # bits, in the widest words a row divides into; computed values (final state, output)
+        # by value, under the tolerance. Word None: compare by value.
+        self._segments: list[tuple[slice, slice, torch.dtype | None, int]] = []  # elements, units, word, row
         at = u = 0
         for seg in arena.segments:
             n = len(seg.units)
             if n:
-                computed = seg.units[0].kind != READ
-                self._segments.append((slice(at, at + seg.size), slice(u, u + n), seg.unit_size, computed))
+                elems = slice(at, at + seg.size)
+                if seg.units[0].kind == READ:
+                    word = _word(truth[elems], seg.unit_size)
+                    row = seg.unit_size * truth.element_size() // word.itemsize
+                    self._segments.append((elems, slice(u, u + n), word, row))
+                else:
+                    self._segments.append((elems, slice(u, u + n), None, seg.unit_size))
             at, u = at + seg.size, u + n
         # Groups: maximal runs of units of one (kind, layer, pool), counted from a prefix sum.
         self.groups: list[Group] = []
@@ -105,35 +113,21 @@ class Oracle:
         self._running = torch.zeros(len(self.units) + 1, dtype=torch.int32, device=device)  # [0] stays 0
         self.read_units = sum(u.kind == READ for u in self.units)
 
-    def stale_mask(self, arena: torch.Tensor) -> torch.Tensor:
-        """Device-side: which units differ from ground truth (NaN always differs)."""
-        mask = torch.zeros(len(self.units), dtype=torch.bool, device=arena.device)
-        self._mask_into(arena, mask)
-        return mask
-
     def _mask_into(self, arena: torch.Tensor, mask: torch.Tensor) -> None:
+        """Device-side: which units of `arena` differ from ground truth (NaN always differs)."""
         tol = self.tolerance
-        for elems, units, size, computed in self._segments:
+        for elems, units, word, row in self._segments:
             got, want = arena[elems], self.truth[elems]
-            if computed and not tol.exact:
-                rows = ~torch.isclose(got.float(), want.float(), rtol=tol.rtol, atol=tol.atol).view(-1, size)
-            elif computed:
-                rows = (got != want).view(-1, size)
+            if word is not None:
+                differs = got.view(word) != want.view(word)
+            elif tol.exact:
+                differs = got != want
             else:
-                # A probe is a copy of pool memory, so fresh is bit for bit: compare the bits, in the
-                # widest words a row divides into (fewer, wider elements to test and reduce).
-                word = _word(got, size)
-                rows = got.view(word).view(-1, size * got.element_size() // word.itemsize) != want.view(word).view(
-                    -1, size * got.element_size() // word.itemsize)
-            torch.any(rows, dim=1, out=mask[units])
-
-    def group_counts(self, mask: torch.Tensor) -> torch.Tensor:
-        """Device-side: stale units per group, from a unit mask."""
-        out = torch.empty(len(self.groups), dtype=torch.int32, device=mask.device)
-        self._counts_into(mask, out)
-        return out
+                differs = ~torch.isclose(got.float(), want.float(), rtol=tol.rtol, atol=tol.atol)
+            torch.any(differs.view(-1, row), dim=1, out=mask[units])
 
     def _counts_into(self, mask: torch.Tensor, out: torch.Tensor) -> None:
+        """Device-side: stale units per group, from a unit mask."""
         running = self._running
         torch.cumsum(mask, 0, dtype=torch.int32, out=running[1:])
         torch.sub(running[self._ends], running[self._starts], out=out)
@@ -164,8 +158,10 @@ class Oracle:
 
     def judge(self, arena: torch.Tensor) -> ReplayVerdict:
         """Compare and localise at once (tests, one-off checks): the verdict of `arena`."""
-        mask = self.stale_mask(arena)
-        return self.verdict(self.group_counts(mask).cpu(), mask.cpu())
+        mask = torch.empty(len(self.units), dtype=torch.bool, device=arena.device)
+        counts = torch.empty(len(self.groups), dtype=torch.int32, device=arena.device)
+        self.compare(arena, mask, counts)
+        return self.verdict(counts.cpu(), mask.cpu())
 
 
 @dataclass

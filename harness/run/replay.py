@@ -215,9 +215,11 @@ class _Observer:
             arena = tb.model.probes.arena
             tb.dev.launch(lambda: oracle.compare(arena, mask, counts), what="compare")
 
-    def read(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first `rows` rows (group counts, unit masks), on the host; after a synchronize."""
-        return self.counts[:rows].cpu(), self.masks[:rows].cpu()
+    def read(self, rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The first `rows` rows (group counts, and the unit masks when a replay was stale), on the
+        host; after a synchronize."""
+        counts = self.counts[:rows].cpu()
+        return counts, self.masks[:rows].cpu() if counts.any() else None
 
 
 class _Unobserved(_Observer):
@@ -278,7 +280,7 @@ class Replayer:
         counts, masks = self.observer.read(len(pending))
         assert self.oracle is not None
         for row in range(len(pending)):
-            yield self.oracle.verdict(counts[row], masks[row])
+            yield self.oracle.verdict(counts[row], None if masks is None else masks[row])
 
     def run(self, i: int, fault: Fault, marks: Marks = UNMARKED, *, load: bool = True) -> None:
         """One replay, synchronized (the benchmark; `load=False`: the forward with no load
