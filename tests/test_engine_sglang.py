@@ -296,11 +296,6 @@ def test_the_engines_host_pool_holds_the_harnesss_host_data():
     assert torch.equal(hp.k_buffer[:, :n], b.host.k) and torch.equal(hp.v_buffer[:, :n], b.host.v)
 
 
-@pytest.mark.parametrize("layers", ["MMMM", "AMAM"])
-def test_a_model_with_mamba_layers_keeps_the_harnesss_load_op(layers):
-    assert Testbed(_by_layers(layers), SimDevice()).engine_load is None
-
-
 def test_the_copy_kernel_is_what_fills_the_pools(monkeypatch):
     from harness.engines.sglang_load import EngineLoad
 
@@ -337,3 +332,112 @@ def test_an_allocation_the_layout_did_not_place_is_an_error():
 
     with pytest.raises(EngineContractBroken, match="asked for 3 slots"):
         Allocator(None, torch.arange(4)).alloc(3)
+
+
+# ---- the engine's own hybrid load chain (models with Mamba layers) ------------------------------
+
+def _execute(layers, kind=FaultKind.DELAY):
+    return next(s for s in SCENARIOS if s.model.layers == layers and s.fence == "engine_execute"
+                and s.fault.kind is kind)
+
+
+def _spy(monkeypatch, calls, klass, name):
+    original = getattr(klass, name)
+
+    def spy(self, *a, _original=original, _key=f"{klass.__name__}.{name}", **k):
+        calls[_key] = calls.get(_key, 0) + 1
+        return _original(self, *a, **k)
+
+    monkeypatch.setattr(klass, name, spy)
+
+
+@pytest.mark.parametrize("layers", ["MMMM", "AMAM"])
+def test_a_mamba_or_hybrid_load_op_is_the_engines_hybrid_chain_and_only_its_copy_kernel_is_the_harnesss(
+        layers, monkeypatch):
+    from harness.protocol.layout import prefix_regions
+    from harness.records.trace import Copy
+
+    m = adapter.load().modules
+    calls: dict[str, int] = {}
+    for klass, name in ((m[adapter.HYBRID].HybridCacheController, "load"),
+                        (m[adapter.HYBRID].HybridCacheController, "start_loading"),
+                        (m[adapter.TRANSFER].L2TransferEngine, "submit_host_to_device"),
+                        (m[adapter.HOST_MHA].MHATokenToKVPoolHost, "load_to_device_per_layer"),
+                        (m[adapter.HOST_MAMBA].MambaPoolHost, "load_to_device_per_layer"),
+                        (m[adapter.CONTROLLER].LayerLoadingEvent, "complete")):
+        _spy(monkeypatch, calls, klass, name)
+    s = _execute(layers)
+    b = Testbed(s, SimDevice())
+    assert type(b.engine_load.controller) is m[adapter.HYBRID].HybridCacheController
+    assert type(b.engine_load.group) is m[adapter.HOST_GROUP].HostPoolGroup
+    assert b.counter is b.engine_load.controller.layer_done_counter
+    assert b.load is b.engine_load.controller.l2_transfer_engine.host_to_device_stream
+    r = run_scenario(s, SimDevice(), replays=2)
+    assert r.error is None
+    loads = calls["HybridCacheController.start_loading"]
+    assert loads >= 2 and calls["HybridCacheController.load"] == loads == calls["L2TransferEngine.submit_host_to_device"]
+    shape = s.model
+    assert calls["MambaPoolHost.load_to_device_per_layer"] == loads * len(shape.mamba_layers)
+    assert calls.get("MHATokenToKVPoolHost.load_to_device_per_layer", 0) == loads * len(shape.attention_layers)
+    assert calls["LayerLoadingEvent.complete"] == loads * shape.num_layers  # the engine's on_layer_done
+    # every slot a layer loads, and nothing else, written by the kernel's copies
+    written = {(op.dst.pool, op.dst.layer, i) for op in r.trace.ops if isinstance(op, Copy)
+               for i in range(op.dst.start, op.dst.stop)}
+    assert written == {(reg.pool, reg.layer, i) for lid in range(shape.num_layers)
+                       for reg in prefix_regions(b.layout, lid) for i in range(reg.start, reg.stop)}
+
+
+@pytest.mark.parametrize("layers", ["MMMM", "AMAM"])
+def test_the_engines_hybrid_host_pools_hold_the_harnesss_host_data_and_a_load_lands_it_in_the_pools(layers):
+    import torch
+
+    from harness.records.faults import FaultPlan
+
+    b = Testbed(_execute(layers), SimDevice())
+    el, host, layout = b.engine_load, b.host, b.layout
+    m = adapter.load().modules
+    assert type(el.mamba_host) is m[adapter.HOST_MAMBA].MambaPoolHost and el.mamba_host.layout == "page_first_direct"
+    n = len(layout.requests)
+    (conv,) = el.mamba_host.conv_buffer
+    assert torch.equal(conv[:n, :, 0].transpose(0, 1), host.conv)
+    assert torch.equal(el.mamba_host.temporal_buffer[:n, :, 0].transpose(0, 1), host.ssm)
+    if "A" in layers:
+        assert type(el.kv_host) is m[adapter.HOST_MHA].MHATokenToKVPoolHost and el.kv_host.layout == "page_first_direct"
+    else:
+        assert el.kv_host is None  # no attention layer: no KV to load
+    b.start_load(FaultPlan(_execute(layers).fault))
+    b.dev.synchronize()
+    for a, lid in enumerate(layout.shape.attention_layers):
+        for r in layout.requests:
+            rows = slice(r.host_offset, r.host_offset + len(r.prefix))
+            assert torch.equal(b.pool.kv.k[b.pool.kv.layer_index[lid], r.prefix.start:r.prefix.stop], host.k[a, rows])
+            assert torch.equal(b.pool.kv.v[b.pool.kv.layer_index[lid], r.prefix.start:r.prefix.stop], host.v[a, rows])
+    for mi, lid in enumerate(layout.shape.mamba_layers):
+        idx = b.pool.mamba.layer_index[lid]
+        assert torch.equal(b.pool.mamba.conv[idx, layout.mamba_rows], host.conv[mi])
+        assert torch.equal(b.pool.mamba.ssm[idx, layout.mamba_rows], host.ssm[mi])
+
+
+def test_the_hybrid_copy_kernel_is_what_fills_the_pools(monkeypatch):
+    from harness.engines.sglang_hybrid_load import HybridLoad
+
+    monkeypatch.setattr(HybridLoad, "transfer_kv_per_layer_direct_pf_lf", lambda self, *a, **k: None)
+    with pytest.raises(ValueError, match="read poison"):  # ground truth loads through the same chain
+        run_scenario(_execute("AMAM"), SimDevice(), replays=2)
+
+
+@pytest.mark.parametrize("layers", ["MMMM", "AMAM"])
+def test_the_engines_waits_dropped_from_the_hybrid_chain_are_caught(layers):
+    s = next(s for s in SCENARIOS if s.model.layers == layers and s.fence == "engine_execute_nowait"
+             and s.fault.kind is FaultKind.GATE)
+    r = run_scenario(s, SimDevice(), replays=3)
+    assert r.error is None and r.tally.stale_replays == 3 and r.findings
+
+
+def test_a_prefix_of_part_of_a_page_is_an_error_of_the_hybrid_chain():
+    from harness.records.scenario import Request
+
+    s = _execute("AMAM")
+    s = s.with_overrides(batch=(Request(prefix=100, new=8),))
+    r = run_scenario(s, SimDevice(), replays=2)
+    assert r.error is not None and "whole pages of 16 tokens" in r.error and r.observed is None

@@ -11,8 +11,10 @@ the release's own `PrefillCudaGraphRunner.execute`, not by the adapter.
   its `MambaPool`, `sglang/srt/mem_cache/memory_pool.py`): the model's KV and Mamba state
   and their waiting accessors (`harness.engines.sglang_pools`).
 - the load chain (`HiCacheController.load` / `start_loading`, `L2TransferEngine`,
-  `MHATokenToKVPoolHost`), for attention-only models, with the copy kernel the harness's
-  (`harness.engines.sglang_load`).
+  `MHATokenToKVPoolHost`) for attention-only models (`harness.engines.sglang_load`), and
+  for models with Mamba layers `HybridCacheController` over a `HostPoolGroup` of
+  `MHATokenToKVPoolHost` and `MambaPoolHost` (`harness.engines.sglang_hybrid_load`); the
+  copy kernel the harness's.
 - `PrefillCudaGraphRunner.execute` (`.../model_executor/runner/prefill_cuda_graph_runner.py`),
   called unbound on an instance of the engine's own class made without `__init__`, so
   every `self.method` it calls is that release's; its body replay is the engine's own
@@ -46,6 +48,13 @@ MEMORY = "sglang.srt.mem_cache.memory_pool"
 MAMBA = "sglang.srt.configs.mamba_utils"
 TRANSFER = "sglang.srt.mem_cache.l2_transfer"
 HOST_MHA = "sglang.srt.mem_cache.pool_host.mha"
+# The hybrid chain (models with Mamba layers): its controller, host pools, their group and
+# entries, and the transfer record of a side pool.
+HYBRID = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller"
+ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
+HOST_GROUP = "sglang.srt.mem_cache.pool_host"
+HOST_MAMBA = "sglang.srt.mem_cache.pool_host.mamba"
+STORAGE = "sglang.srt.mem_cache.hicache_storage"
 
 # What the adapter uses, by module: the names must exist or the adapter refuses to run.
 NEEDED = {
@@ -62,6 +71,11 @@ NEEDED = {
     MAMBA: ("Mamba2CacheParams", "Mamba2StateShape", "Mamba2StateDType"),
     TRANSFER: ("L2TransferEngine.submit_host_to_device", "device_module"),
     HOST_MHA: ("MHATokenToKVPoolHost.load_to_device_per_layer",),
+    HYBRID: ("HybridCacheController.load", "HybridCacheController.start_loading"),
+    ASSEMBLER: ("build_pool_entry",),
+    HOST_GROUP: ("HostPoolGroup",),
+    HOST_MAMBA: ("MambaPoolHost.load_to_device_per_layer",),
+    STORAGE: ("PoolTransfer", "PoolName.KV", "PoolName.MAMBA"),
 }
 INSTALL = "make test-engine, or: pip install '.[sglang]' && pip install --no-deps sglang==0.5.23"
 
@@ -93,14 +107,19 @@ class Sglang:
         return EnginePools(self.modules, dev, layout)
 
     def loader(self, dev, layout, pools, host):
-        """The engine's own load chain over its pools (`harness.engines.sglang_load`), or None where
-        the harness's load op stays (a model with Mamba layers)."""
-        if layout.shape.mamba_layers:
-            return None
-        from harness.engines.sglang_load import EngineLoad  # torch: not at the command line's start
-
+        """The engine's own load chain over its pools: `HiCacheController` for an attention-only
+        model (`harness.engines.sglang_load`), `HybridCacheController` with the KV and Mamba
+        host pools for a model with Mamba layers (`harness.engines.sglang_hybrid_load`)."""
         self.bind(dev)
         m = self.modules
+        if layout.shape.mamba_layers:
+            from harness.engines.sglang_hybrid_load import HybridLoad, Modules  # torch: not at start-up
+
+            mods = Modules(m[CONTROLLER], m[TRANSFER], m[HOST_MHA], m[HOST_MAMBA], m[HYBRID], m[ASSEMBLER],
+                           m[HOST_GROUP], m[STORAGE])
+            return HybridLoad(mods, dev, layout, pools, host, self.controller.device_module)
+        from harness.engines.sglang_load import EngineLoad  # torch: not at the command line's start
+
         return EngineLoad(m[CONTROLLER], m[TRANSFER], m[HOST_MHA], dev, layout, pools.engine_kv_pool, host,
                           self.controller.device_module)
 

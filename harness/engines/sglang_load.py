@@ -24,7 +24,8 @@ Stand-ins, only for what needs a server, each the smallest the code path reads:
 The engine's host pool is built by its constructor's signature (0.5.20 takes the device
 pool, later releases its `MHABufferInfo` and the device capacity and layer range) and
 filled once, at set-up, with the harness's seeded host data, so ground truth is the same.
-Attention layers only: a model with Mamba layers keeps the harness's load op.
+This is the attention-only model's chain; a model with Mamba layers loads through the
+engine's hybrid chain (`harness.engines.sglang_hybrid_load`), which shares `ChainLoad`.
 """
 
 from __future__ import annotations
@@ -82,7 +83,73 @@ def _runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-class EngineLoad:
+class ChainLoad:
+    """What every engine load chain shares: one load op through the controller (`start`), and
+    the fault applied where the harness's copy kernel begins each layer.
+
+    A subclass sets `controller`, `counter`, `stream`, `host_indices` and `_dst` (each device
+    layer tensor's data pointer -> (pool, global layer id)) and implements the kernel(s)."""
+
+    dev: Device
+    layout: Layout
+    host: HostPool
+    controller: Any
+    counter: Any
+    stream: Any
+    host_indices: torch.Tensor
+    _dst: dict[int, tuple[str, int]]
+    op: LoadOp | None = None
+    copies = 0
+
+    def _load_args(self) -> dict[str, Any]:
+        """What `controller.load` takes beyond the KV host rows (the side pools' transfers)."""
+        return {}
+
+    def start(self, fault: FaultPlan, gate: Any, listeners: Any) -> LoadOp:
+        """One load op through the engine's own chain (on the scheduling stream)."""
+        self.op = op = LoadOp(self.dev, self.stream, None, [], fault, -1, self.layout, gate, listeners)
+        self._paused: set[int] = set()
+        try:
+            if self.controller.load(self.host_indices, **self._load_args()) is None:
+                raise EngineContractBroken(f"{type(self.controller).__name__}.load got no device slots")
+            op.index = self.controller.start_loading()
+        finally:
+            self.op = None
+        if op.index < 0:
+            raise EngineContractBroken(f"{type(self.controller).__name__}.start_loading started no load op")
+        op.events = self.counter.events[op.index]
+        self.controller.ack_load_queue.clear()  # the scheduler's ack poll: the testbed's free-slot wait
+        return op
+
+    def _begin(self, kernel: str, layer: int) -> LoadOp:
+        """The fault where a layer's copies begin: the gate before the op's first copy, the delay
+        once before each layer's first copy (a layer may take several kernel calls)."""
+        op = self.op
+        if op is None:
+            raise EngineContractBroken(f"{kernel} ran outside a load op the harness started")
+        op.hold()
+        if layer not in self._paused:
+            self._paused.add(layer)
+            op.pause(layer)
+        return op
+
+    def _where(self, kernel: str, dst: torch.Tensor) -> tuple[str, int]:
+        found = self._dst.get(dst.data_ptr())
+        if found is None:
+            raise EngineContractBroken(f"{kernel} was asked to copy into a buffer that is not one of the engine's "
+                                       "device pools' layers")
+        return found
+
+    def _layer(self, kernel: str, dst_layers: list[torch.Tensor]) -> tuple[list[str], int]:
+        """The pools and the one global layer a kernel call writes."""
+        where = [self._where(kernel, d) for d in dst_layers]
+        layers = {layer for _, layer in where}
+        if len(layers) != 1:
+            raise EngineContractBroken(f"{kernel} was asked to copy into layers {sorted(layers)} at once")
+        return [pool for pool, _ in where], layers.pop()
+
+
+class EngineLoad(ChainLoad):
     """The engine's `HiCacheController` over the engine's pools; `start` is one load op."""
 
     def __init__(self, controller_mod: Any, transfer_mod: Any, host_mod: Any, dev: Device, layout: Layout,
@@ -114,62 +181,33 @@ class EngineLoad:
         mha = getattr(kv_pool, "full_kv_pool", kv_pool)
         self._dst = {t.data_ptr(): (Pool.K, self.attention[a]) for a, t in enumerate(mha.k_buffer)}
         self._dst |= {t.data_ptr(): (Pool.V, self.attention[a]) for a, t in enumerate(mha.v_buffer)}
-        self.op: LoadOp | None = None
+        self.op = None
         self.copies = 0
 
     @staticmethod
-    def _host_pool(cls: Any, kv_pool: Any, layout: Layout, dev: Device) -> Any:
+    def _host_pool(cls: Any, kv_pool: Any, layout: Layout, dev: Device, mem_layout: str = "layer_first") -> Any:
         """The engine's host pool for the device pool, by its constructor's signature."""
         capacity = int(kv_pool.size)
         ratio = max(2.0, (layout.total_prefix + 2 * layout.shape.page_size) / capacity + 1)
         known: dict[str, Any] = dict(
             device_pool=kv_pool, host_to_device_ratio=ratio, host_size=0, page_size=layout.shape.page_size,
-            layout="layer_first", pin_memory=dev.torch_device.type == "cuda", device="cpu",
+            layout=mem_layout, pin_memory=dev.torch_device.type == "cuda", device="cpu",
             device_capacity_tokens=capacity, start_layer=0, end_layer=int(kv_pool.layer_num) - 1)
         if "buffer_info" in inspect.signature(cls).parameters:
             (info,) = kv_pool.get_device_pool_infos()
             known["buffer_info"] = info.buffer_info
         return construct(cls, **known)
 
-    def start(self, fault: FaultPlan, gate: Any, listeners: Any) -> LoadOp:
-        """One load op through the engine's own chain (on the scheduling stream)."""
-        self.op = op = LoadOp(self.dev, self.stream, None, [], fault, -1, self.layout, gate, listeners)
-        try:
-            if self.controller.load(self.host_indices) is None:
-                raise EngineContractBroken("HiCacheController.load got no device slots")
-            op.index = self.controller.start_loading()
-        finally:
-            self.op = None
-        if op.index < 0:
-            raise EngineContractBroken("HiCacheController.start_loading started no load op")
-        op.events = self.counter.events[op.index]
-        self.controller.ack_load_queue.clear()  # the scheduler's ack poll: the testbed's free-slot wait
-        return op
-
     def transfer_kv_direct(self, src_layers: list[torch.Tensor], dst_layers: list[torch.Tensor],
                            src_indices: torch.Tensor, dst_indices: torch.Tensor, page_size: int) -> None:
         """The compiled kernel's contract: copy rows `src_indices` of each source layer into rows
         `dst_indices` of its destination, on the current stream; with the fault applied."""
-        op = self.op
-        if op is None:
-            raise EngineContractBroken(f"{KERNEL} ran outside a load op the harness started")
         src, dst = src_indices.tolist(), dst_indices.tolist()
         runs = _runs(src, dst)
-        layers = {self._where(d)[1] for d in dst_layers}
-        if len(layers) != 1:
-            raise EngineContractBroken(f"{KERNEL} was asked to copy into layers {sorted(layers)} at once")
-        (layer,) = layers
-        op.hold()
-        op.pause(layer)
-        for s_t, d_t in zip(src_layers, dst_layers, strict=True):
-            pool, _ = self._where(d_t)
+        pools, layer = self._layer(KERNEL, dst_layers)
+        self._begin(KERNEL, layer)
+        for s_t, d_t, pool in zip(src_layers, dst_layers, pools, strict=True):
             for s0, d0, n in runs:
                 self.dev.copy_async(d_t[d0:d0 + n], s_t[s0:s0 + n], Region(pool, layer, d0, d0 + n),
                                     Region(Pool.on_host(self.host.name, pool), layer, s0, s0 + n))
                 self.copies += 1
-
-    def _where(self, dst: torch.Tensor) -> tuple[str, int]:
-        found = self._dst.get(dst.data_ptr())
-        if found is None:
-            raise EngineContractBroken(f"{KERNEL} was asked to copy into a buffer that is not the engine's KV pool")
-        return found
