@@ -138,8 +138,9 @@ class HybridLoad(ChainLoad):
         """The harness's seeded host data into the engine's page-first host pools."""
         page = self.layout.shape.page_size
         pages = self.layout.total_prefix // page
-        for a in range(len(self.attention) if self.kv_host is not None else 0):
-            for src, dst in ((host.k[a], self.kv_host.k_buffer), (host.v[a], self.kv_host.v_buffer)):
+        kv = self.kv_host
+        for a in range(len(self.attention) if kv is not None else 0):
+            for src, dst in ((host.k[a], kv.k_buffer), (host.v[a], kv.v_buffer)):
                 dst[:pages, a].copy_(src[: pages * page].reshape(pages, page, *src.shape[1:]))
         b = len(self.layout.requests)
         (conv,) = self.mamba_host.conv_buffer
