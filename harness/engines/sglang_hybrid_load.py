@@ -139,9 +139,10 @@ class HybridLoad(ChainLoad):
         page = self.layout.shape.page_size
         pages = self.layout.total_prefix // page
         kv = self.kv_host
-        for a in range(len(self.attention) if kv is not None else 0):
-            for src, dst in ((host.k[a], kv.k_buffer), (host.v[a], kv.v_buffer)):
-                dst[:pages, a].copy_(src[: pages * page].reshape(pages, page, *src.shape[1:]))
+        for a in range(len(self.attention)):
+            if kv is not None:
+                for src, dst in ((host.k[a], kv.k_buffer), (host.v[a], kv.v_buffer)):
+                    dst[:pages, a].copy_(src[: pages * page].reshape(pages, page, *src.shape[1:]))
         b = len(self.layout.requests)
         (conv,) = self.mamba_host.conv_buffer
         for m in range(len(self.mamba)):
