@@ -442,3 +442,22 @@ def test_a_prefix_of_part_of_a_page_is_an_error_of_the_hybrid_chain():
     s = s.with_overrides(batch=(Request(prefix=100, new=8),))
     r = run_scenario(s, SimDevice(), replays=2)
     assert r.error is not None and "whole pages of 16 tokens" in r.error and r.observed is None
+
+
+@pytest.mark.parametrize("layers, controller", [("AAAAAAAA", "HiCacheController"),
+                                                ("AMAMAMAM", "HybridCacheController")])
+def test_the_serving_shapes_are_unfaulted_8192_token_prefixes_loaded_through_the_engines_chain(layers, controller):
+    import torch
+
+    from harness.records.faults import FaultPlan
+
+    (s,) = [s for s in load_file(SCENARIO_DIR / "engine" / "serving.toml") if s.model.layers == layers]
+    assert (s.model.hidden, s.model.num_layers, s.fault.kind, s.fence) == (1024, 8, FaultKind.NONE, "engine_execute")
+    assert [r.prefix for r in s.batch] == [8192] and s.engine == "sglang"
+    b = Testbed(small(s), SimDevice())  # the same 8,192-token prefix, on a model the CPU holds
+    assert type(b.engine_load.controller).__name__ == controller
+    b.start_load(FaultPlan(s.fault))
+    b.dev.synchronize()
+    (r,) = b.layout.requests
+    for a, lid in enumerate(b.layout.shape.attention_layers):  # the whole prefix landed, every attention layer
+        assert torch.equal(b.pool.kv.k[b.pool.kv.layer_index[lid], r.prefix.start:r.prefix.stop], b.host.k[a])
