@@ -88,7 +88,7 @@ def _span(t: torch.Tensor, space: str) -> tuple[Span, int] | None:
         return None
     size = t.element_size()
     extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
-    return Span(space, ptr, ptr + extent * size), ptr - t.storage_offset() * size
+    return Span(space, ptr, ptr + extent * size), ptr - int(t.storage_offset()) * size
 
 
 def _arguments(schema: Any, args: tuple, kwargs: dict) -> Iterator[tuple[Any, Any]]:

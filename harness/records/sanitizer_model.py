@@ -110,10 +110,15 @@ class Access:
         verb = "writes" if u.is_write else "reads"
         arg = f" `{u.site.argument}`" if u.site.argument else ""
         head = f"{u.site.operator} {verb}{arg} {u.span} on {self.where}"
-        lines = [head, "    enqueued at: " + (" <- ".join(reversed(u.site.stack)) or "(no stack)")]
+        lines = [head, "    enqueued at: " + _stack(u.site.stack)]
         if self.graph:
-            lines.append(f"    {self.graph}, replayed at: " + (" <- ".join(reversed(self.replay_stack)) or "(no stack)"))
+            lines.append(f"    {self.graph}, replayed at: " + _stack(self.replay_stack))
         return "\n".join(lines)
+
+
+def _stack(frames: tuple[str, ...]) -> str:
+    """Innermost first, as one reads where it came from."""
+    return " <- ".join(reversed(frames)) or "(no stack)"
 
 
 class RaceKind(enum.Enum):
@@ -145,7 +150,8 @@ class Race:
         else:
             missing = "its stream waited on no event recorded after the earlier one"
         return "\n".join([
-            f"{self.kind.value} race ({self.times}x): nothing orders the later access after the earlier one ({missing})",
+            f"{self.kind.value} race ({self.times}x): nothing orders the later access after the earlier one "
+            f"({missing})",
             "  later:   " + self.later.describe().replace("\n", "\n  "),
             "  earlier: " + self.earlier.describe().replace("\n", "\n  "),
         ])

@@ -1,0 +1,186 @@
+"""The sanitizer's dispatch-mode tap on CPU tensors, with a fake current stream: what it takes
+from each operator's schema (reads, writes, views, outputs), the spans, the stacks, and the
+`harness.sanitizer` facade around it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.devices.torch_watch import OpWatch, short_stack
+from harness.records.errors import RacesFound
+from harness.records.sanitizer_model import SanitizerModel
+from harness.sanitizer import Sanitizer
+
+
+class FakeStreams:
+    """`stream_of` for CPU tensors: a current stream the test switches by hand."""
+
+    def __init__(self) -> None:
+        self.current = 0
+
+    def __call__(self) -> int:
+        return self.current
+
+
+class Spy(SanitizerModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, list[tuple[str, bool]]]] = []
+
+    def op(self, stream, uses):
+        self.seen.append((uses[0].site.operator, sorted((u.site.argument, u.is_write) for u in uses)))
+        super().op(stream, uses)
+
+    def host_op(self, uses):
+        self.seen.append(("host " + uses[0].site.operator, sorted((u.site.argument, u.is_write) for u in uses)))
+        super().host_op(uses)
+
+
+def watch(model, streams, host=()):
+    host_ids = {id(t) for t in host}
+    ptrs = {t.data_ptr() for t in host}
+    return OpWatch(model, stream_of=streams,
+                   space_of=lambda t: "host" if id(t) in host_ids or t.data_ptr() in ptrs else "cpu")
+
+
+def test_an_in_place_op_writes_self_and_reads_the_rest():
+    m, s = Spy(), FakeStreams()
+    a, b = torch.zeros(8), torch.ones(8)
+    with watch(m, s):
+        a.add_(b)
+    assert m.seen == [("aten::add_.Tensor", [("other", False), ("self, output", True)])]
+
+
+def test_an_out_argument_is_written_and_a_view_is_not_an_access():
+    m, s = Spy(), FakeStreams()
+    a, b, c = torch.zeros(8), torch.ones(8), torch.empty(8)
+    with watch(m, s):
+        a.view(2, 4)
+        a.unsqueeze(0)
+        a[2:]
+        torch.add(a, b, out=c)
+    assert m.seen == [("aten::add.out", [("other", False), ("out, output", True), ("self", False)])]
+
+
+def test_a_copy_writes_its_target_and_reads_its_source():
+    m, s = Spy(), FakeStreams()
+    a, b = torch.zeros(8), torch.ones(8)
+    with watch(m, s):
+        a.copy_(b)
+    assert m.seen == [("aten::copy_", [("self, output", True), ("src", False)])]
+
+
+@pytest.mark.parametrize("waits", [True, False])
+def test_two_streams_race_through_real_ops(waits):
+    m, s = SanitizerModel(), FakeStreams()
+    x, y = torch.zeros(1024), torch.ones(1024)
+    with watch(m, s):
+        s.current = 0x100
+        x.copy_(y)  # the side stream writes x
+        m.record(1, 0x100)
+        s.current = 0
+        if waits:
+            m.wait(1, 0)
+        (x * 2).sum()
+    assert [r.kind.value for r in m.races] == ([] if waits else ["read-after-write"])
+    if not waits:
+        race = m.races[0]
+        assert race.earlier.use.site.operator == "aten::copy_"
+        assert race.later.use.site.operator == "aten::mul.Tensor"
+        assert race.later.use.span.start == x.data_ptr() and race.later.use.span.stop == x.data_ptr() + 4096
+        assert any("test_sanitizer_watch.py" in f for f in race.later.use.site.stack)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_slices_of_one_tensor_race_only_where_they_overlap(overlap):
+    m, s = SanitizerModel(), FakeStreams()
+    x = torch.zeros(64)
+    with watch(m, s):
+        s.current = 1
+        x[:32].fill_(1)
+        s.current = 2
+        x[32 - overlap:].fill_(2)
+    assert [r.kind.value for r in m.races] == (["write-after-write"] if overlap else [])
+
+
+def test_a_strided_view_spans_its_whole_extent():
+    m, s = SanitizerModel(), FakeStreams()
+    x = torch.zeros(4, 8)
+    with watch(m, s):
+        s.current = 1
+        x[:, 0].fill_(1)  # column 0: bytes of rows 0..3, stride 8
+        s.current = 2
+        x[2, 1:].fill_(2)  # bytes between its elements, inside its extent: taken as overlapping
+    assert len(m.races) == 1
+    assert m.races[0].earlier.use.span.stop - m.races[0].earlier.use.span.start == (3 * 8 + 1) * 4
+
+
+@pytest.mark.parametrize("seen", [True, False])
+def test_an_op_on_host_memory_only_is_the_hosts_own_work(seen):
+    m, s = Spy(), FakeStreams()
+    pinned, dev = torch.ones(16), torch.zeros(16)
+    with watch(m, s, host=[pinned]):
+        s.current = 0x100
+        dev.copy_(pinned)  # an H2D copy on the side stream reads the pinned source
+        m.record(1, 0x100)
+        if seen:
+            m.event_sync(1)
+        pinned.fill_(3)  # the host refills it
+    assert m.seen[-1][0] == "host aten::fill_.Scalar"
+    assert [r.kind.value for r in m.races] == ([] if seen else ["write-after-read"])
+
+
+def test_the_short_stack_leaves_out_torch_and_keeps_the_caller():
+    frames = short_stack(3, 1)
+    assert frames and frames[-1].startswith("tests/test_sanitizer_watch.py:")
+
+
+class CpuWatch:
+    def __init__(self, model, depth):
+        self.streams = FakeStreams()
+        self.ops = OpWatch(model, stream_of=self.streams, space_of=lambda t: "cpu", stack_depth=depth)
+
+    def start(self):
+        self.ops.__enter__()
+
+    def stop(self):
+        self.ops.__exit__(None, None, None)
+
+
+def racy(s: Sanitizer, x: torch.Tensor) -> None:
+    w = s._watch
+    w.streams.current = 1
+    x.fill_(1)
+    w.streams.current = 2
+    x.sum()
+
+
+def test_the_sanitizer_collects_and_reports():
+    x = torch.zeros(8)
+    with Sanitizer(watch=CpuWatch) as s:
+        racy(s, x)
+    assert len(s.races) == 1
+    text = s.report()
+    assert "1 unordered pair" in text and "aten::sum" in text and "aten::fill_" in text and "in racy" in text
+
+
+def test_raise_on_race_raises_at_exit_and_only_then():
+    x = torch.zeros(8)
+    with pytest.raises(RacesFound) as e:
+        with Sanitizer(raise_on_race=True, watch=CpuWatch) as s:
+            racy(s, x)
+    assert len(e.value.races) == 1 and "read-after-write" in str(e.value)
+    with Sanitizer(raise_on_race=True, watch=CpuWatch) as s:
+        x.fill_(1)  # one stream: ordered
+        x.sum()
+    assert s.races == [] and s.report().endswith("no unordered accesses")
+
+
+def test_an_error_in_the_block_goes_through_with_the_races_kept():
+    x = torch.zeros(8)
+    with pytest.raises(ZeroDivisionError):
+        with Sanitizer(raise_on_race=True, watch=CpuWatch) as s:
+            racy(s, x)
+            1 / 0  # noqa: B018
+    assert len(s.races) == 1
