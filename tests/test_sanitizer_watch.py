@@ -12,6 +12,8 @@ from harness.records.errors import RacesFound
 from harness.records.sanitizer_model import SanitizerModel
 from harness.sanitizer import Sanitizer
 
+pytest_plugins = ["pytester"]
+
 
 class FakeStreams:
     """`stream_of` for CPU tensors: a current stream the test switches by hand."""
@@ -184,3 +186,30 @@ def test_an_error_in_the_block_goes_through_with_the_races_kept():
             racy(s, x)
             1 / 0  # noqa: B018
     assert len(s.races) == 1
+
+
+def test_the_cuda_watch_patches_only_while_it_watches_and_one_at_a_time():
+    from harness.devices.torch_watch import CudaWatch
+    from harness.records.errors import SanitizerError
+
+    before = {n: torch.cuda.CUDAGraph.__dict__.get(n) for n in ("capture_begin", "capture_end", "replay")}
+    new_before = torch.cuda.Event.__dict__["__new__"]
+    with Sanitizer() as s:
+        assert torch.cuda.CUDAGraph.__dict__["replay"] is not before["replay"]
+        with pytest.raises(SanitizerError, match="already watching"):
+            Sanitizer().__enter__()
+        x = torch.zeros(4)
+        x.add_(1)  # CPU memory that is not pinned: not tracked
+    assert s.races == [] and s.model._history == {}
+    assert {n: torch.cuda.CUDAGraph.__dict__.get(n) for n in before} == before
+    assert torch.cuda.Event.__dict__["__new__"] is new_before
+    assert isinstance(CudaWatch(s.model), CudaWatch)
+
+
+def test_the_pytest_fixture_is_in_the_plugin(pytester):
+    pytester.makepyfile(test_fix="""
+        def test_watched(stream_sanitizer):
+            assert stream_sanitizer.races == []
+    """)
+    result = pytester.runpytest("-p", "harness.frontends.pytest_plugin", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)

@@ -71,7 +71,7 @@ def cuda_space(t: torch.Tensor) -> str | None:
     """The address space a tensor's memory counts in: its CUDA device, pinned host memory, or none."""
     if t.is_cuda:
         return f"cuda:{t.device.index}"
-    if t.device.type == "cpu" and t.is_pinned():
+    if t.device.type == "cpu" and t.dim() > 0 and t.is_pinned():  # a 0-dim one: a wrapped scalar
         return "host"
     return None
 
