@@ -213,3 +213,75 @@ def test_the_pytest_fixture_is_in_the_plugin(pytester):
     """)
     result = pytester.runpytest("-p", "harness.frontends.pytest_plugin", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+# ---- the whole tap on CPU: torch's trace callbacks fired by hand, the graph hooks called ----
+
+MAIN, SIDE, CAP = 0, 0x100, 0x200
+
+
+def fire(name: str, *args: int) -> None:
+    import torch.cuda._gpu_trace as gpu_trace
+
+    getattr(gpu_trace, name).fire_callbacks(*args)
+
+
+@pytest.mark.parametrize("fence", ["none", "wait_stream", "event", "in_graph"])
+def test_the_example_sequence_through_the_cuda_watch(fence):
+    """harness/examples/h2d_graph_race.py's calls, as CUDA would trace them, on CPU tensors."""
+    from harness.devices.torch_watch import CudaWatch
+
+    streams = FakeStreams()
+    host, dev, out = torch.ones(256), torch.zeros(256), torch.empty(256)
+    pinned = host.data_ptr()
+
+    def make(model, depth):
+        return CudaWatch(model, stack_depth=depth, stream_of=streams,
+                         space_of=lambda t: "host" if t.data_ptr() == pinned else "cpu")
+
+    graph = object()
+    with Sanitizer(watch=make) as s:
+        w = s._watch
+        fire("EventRecordCallbacks", 11, SIDE)  # copied.record(side)
+        fire("DeviceSynchronizationCallbacks")
+        streams.current = CAP
+        w.on_capture_begin(graph)
+        if fence == "in_graph":
+            fire("EventWaitCallbacks", 11, CAP)  # copied.wait() inside the capture
+        torch.mul(dev, 2, out=out)
+        w.on_capture_end(graph)
+        fire("DeviceSynchronizationCallbacks")
+        for i in range(3):
+            streams.current = MAIN
+            dev.fill_(float("nan"))
+            fire("EventRecordCallbacks", 20 + i, MAIN)  # side.wait_stream(current)
+            fire("EventWaitCallbacks", 20 + i, SIDE)
+            streams.current = SIDE
+            dev.copy_(host)
+            fire("EventRecordCallbacks", 11, SIDE)  # copied.record()
+            streams.current = MAIN
+            if fence == "wait_stream":
+                fire("EventRecordCallbacks", 30 + i, SIDE)
+                fire("EventWaitCallbacks", 30 + i, MAIN)
+            elif fence == "event":
+                fire("EventWaitCallbacks", 11, MAIN)
+            w.on_replay(graph, ("example.py:40 in run",))
+            fire("DeviceSynchronizationCallbacks")
+            bool(out.isnan().any())
+    if fence != "none":
+        assert s.races == [], s.report()
+        return
+    assert len(s.races) == 1, s.report()
+    race = s.races[0]
+    assert race.times == 3 and race.kind.value == "read-after-write"
+    assert race.earlier.use.site.operator == "aten::copy_" and race.earlier.where == "stream 0x100"
+    assert race.later.use.site.operator == "aten::mul.out" and race.later.use.site.argument == "self"
+    assert race.later.where == "graph 1 replayed on stream 0 (legacy default)"
+    assert "example.py:40 in run" in race.describe()
+
+
+def test_a_trace_callback_with_no_sanitizer_watching_does_nothing():
+    fire("EventRecordCallbacks", 11, SIDE)  # registered once per process; no one to tell
+    with Sanitizer() as s:
+        fire("EventRecordCallbacks", 12, SIDE)
+    assert 12 in s.model._events and 11 not in s.model._events

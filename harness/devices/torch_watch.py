@@ -35,6 +35,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from harness.records.errors import SanitizerError
 from harness.records.sanitizer_model import SanitizerModel, Site, Span, Use
 
 __all__ = ["OpWatch", "CudaWatch", "cuda_space", "short_stack"]
@@ -185,7 +186,10 @@ def _install_trace() -> None:
     global _trace_on
     if _trace_on:
         return
-    import torch.cuda._gpu_trace as gpu_trace
+    try:
+        import torch.cuda._gpu_trace as gpu_trace
+    except ImportError:  # torch before 2.2 kept it here
+        import torch.utils._cuda_trace as gpu_trace  # type: ignore[no-redef]
 
     torch._C._activate_gpu_trace()
     gpu_trace.register_callback_for_event_creation(_forward("forget_event"))
@@ -201,20 +205,25 @@ def _install_trace() -> None:
 
 
 class CudaWatch:
-    """All three taps on real CUDA, for one model, between `start()` and `stop()`."""
+    """All three taps, for one model, between `start()` and `stop()`.
 
-    def __init__(self, model: SanitizerModel, *, stack_depth: int = 6) -> None:
+    `stream_of` and `space_of` are `OpWatch`'s (CUDA's by default); the patches call the
+    `on_*` methods, which tests call directly on CPU.
+    """
+
+    def __init__(self, model: SanitizerModel, *, stack_depth: int = 6, stream_of: Callable[[], int] | None = None,
+                 space_of: Callable[[torch.Tensor], str | None] = cuda_space) -> None:
         self.model = model
         self.lock = threading.Lock()
-        self.ops = OpWatch(model, stack_depth=stack_depth, lock=self.lock)
+        self.stream_of = stream_of or (lambda: torch.cuda.current_stream().cuda_stream)
+        self.ops = OpWatch(model, stack_depth=stack_depth, lock=self.lock, stream_of=self.stream_of,
+                           space_of=space_of)
         self.stack_depth = stack_depth
         self._saved: list[tuple[type, str, Any]] = []
         self._external: weakref.WeakSet = weakref.WeakSet()
 
     def start(self) -> None:
         if _watching:
-            from harness.records.errors import SanitizerError
-
             raise SanitizerError("a harness.sanitizer is already watching: one at a time")
         _install_trace()
         self._patch()
@@ -233,6 +242,27 @@ class CudaWatch:
                     setattr(cls, name, value)
             self._saved.clear()
 
+    # ---- what the patches tell the model
+    def on_capture_begin(self, graph: object) -> None:
+        with self.lock:
+            self.model.capture_begin(id(graph), self.stream_of())
+
+    def on_capture_end(self, graph: object) -> None:
+        with self.lock:
+            self.model.capture_end(id(graph))
+
+    def on_replay(self, graph: object, stack: tuple[str, ...]) -> None:
+        with self.lock:
+            self.model.replay(id(graph), self.stream_of(), stack)
+
+    def on_query_done(self, event: int) -> None:
+        with self.lock:
+            self.model.event_sync(event)
+
+    def on_external_record(self, event: int) -> None:
+        with self.lock:
+            self.model.external_event(event)
+
     # ---- the patches
     def _swap(self, cls: type, name: str, make: Callable[[Any], Any]) -> None:
         own = cls.__dict__.get(name)
@@ -240,16 +270,12 @@ class CudaWatch:
         setattr(cls, name, make(own if own is not None else getattr(cls, name)))
 
     def _patch(self) -> None:
-        model, lock, watch = self.model, self.lock, self
-
-        def current() -> int:
-            return torch.cuda.current_stream().cuda_stream
+        watch = self
 
         def capture_begin(old):
             def wrapped(graph, *a, **kw):
                 out = old(graph, *a, **kw)
-                with lock:
-                    model.capture_begin(id(graph), current())
+                watch.on_capture_begin(graph)
                 return out
             return wrapped
 
@@ -258,16 +284,13 @@ class CudaWatch:
                 try:
                     return old(graph, *a, **kw)
                 finally:
-                    with lock:
-                        model.capture_end(id(graph))
+                    watch.on_capture_end(graph)
             return wrapped
 
         def replay(old):
             def wrapped(graph, *a, **kw):
                 out = old(graph, *a, **kw)
-                stack = short_stack(watch.stack_depth, 2)
-                with lock:
-                    model.replay(id(graph), current(), stack)
+                watch.on_replay(graph, short_stack(watch.stack_depth, 2))
                 return out
             return wrapped
 
@@ -275,8 +298,7 @@ class CudaWatch:
             def wrapped(event):
                 done = old(event)
                 if done and event.cuda_event:
-                    with lock:
-                        model.event_sync(event.cuda_event)
+                    watch.on_query_done(event.cuda_event)
                 return done
             return wrapped
 
@@ -294,9 +316,8 @@ class CudaWatch:
         def record(old):
             def wrapped(event, *a, **kw):
                 out = old(event, *a, **kw)
-                if event in watch._external:  # created now, at its first record: say what it is
-                    with lock:
-                        model.external_event(event.cuda_event)
+                if event in watch._external:  # created at its first record: say what it is now
+                    watch.on_external_record(event.cuda_event)
                 return out
             return wrapped
 
