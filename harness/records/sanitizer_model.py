@@ -110,9 +110,9 @@ class Access:
         verb = "writes" if u.is_write else "reads"
         arg = f" `{u.site.argument}`" if u.site.argument else ""
         head = f"{u.site.operator} {verb}{arg} {u.span} on {self.where}"
-        lines = [head, "    enqueued at: " + _stack(u.site.stack)]
+        lines = [head, ("    captured at: " if self.graph else "    enqueued at: ") + _stack(u.site.stack)]
         if self.graph:
-            lines.append(f"    {self.graph}, replayed at: " + _stack(self.replay_stack))
+            lines.append(f"    replayed at: {_stack(self.replay_stack)} (first in {self.graph})")
         return "\n".join(lines)
 
 
