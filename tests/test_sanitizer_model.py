@@ -380,3 +380,12 @@ def test_the_host_stream_is_never_a_real_one():
     m = SanitizerModel()
     assert m.name(HOST) == "the host" and m.name(0).startswith("stream 0")
     assert RaceKind("read-after-write") is RaceKind.READ_AFTER_WRITE
+
+
+def test_the_capture_is_readable_in_the_order_graph_edges_are_asked_about():
+    m = SanitizerModel()
+    m.record(9, SIDE)
+    capture(m, lambda: (m.wait(9, CAP), m.op(CAP, R(op="mul")), m.record(3, CAP)))
+    kinds_ = [type(op).__name__ for op in m.captured(GRAPH)]
+    assert kinds_ == ["CapturedWait", "CapturedOp", "CapturedRecord"]
+    assert m.captured(GRAPH)[0].external and m.captured("other") == ()

@@ -180,8 +180,12 @@ class CapturedWait:
 
 Captured = CapturedOp | CapturedRecord | CapturedWait
 
-# (graph, index of the op in the capture, the op) -> the external events the real graph orders
-# it after, or None to use the captured wait records. A graph reader plugs in here.
+# The plug for a reader of the captured graph's own nodes and edges (cuGraphGetNodes):
+# (graph, index, op) -> the external events the real graph orders that captured access after,
+# or None to use the captured wait records for it. `graph` is the key capture_begin was given
+# (the CUDA tap: id() of the torch.cuda.CUDAGraph); `index` is the op's place in the capture,
+# counting captured records and waits too; `op` names its captured stream and its uses
+# (operator, argument, bytes). Asked at every replay, so the answer may change between replays.
 GraphEdges = Callable[[GraphKey, int, CapturedOp], "frozenset[EventId] | None"]
 
 
@@ -299,6 +303,11 @@ class SanitizerModel:
         g.complete = True
         for s in g.streams:
             self._capturing.pop(s, None)
+
+    def captured(self, graph: GraphKey) -> tuple[Captured, ...]:
+        """What a capture recorded, in order (the indices `GraphEdges` is asked about)."""
+        g = self._graphs.get(graph)
+        return tuple(g.body) if g is not None else ()
 
     def replay(self, graph: GraphKey, stream: StreamId, stack: tuple[str, ...] = ()) -> None:
         """Re-enact the graph's captured work on `stream`, now."""
