@@ -4,9 +4,12 @@ from each operator's schema (reads, writes, views, outputs), the spans, the stac
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+import harness
 from harness.devices.torch_watch import OpWatch, short_stack
 from harness.records.errors import RacesFound
 from harness.records.sanitizer_model import SanitizerModel
@@ -206,13 +209,31 @@ def test_the_cuda_watch_patches_only_while_it_watches_and_one_at_a_time():
     assert isinstance(CudaWatch(s.model), CudaWatch)
 
 
-def test_the_pytest_fixture_is_in_the_plugin(pytester):
+def test_the_pytest_fixture_is_in_the_plugin(pytester, monkeypatch):
     pytester.makepyfile(test_fix="""
+        from harness.records.sanitizer_model import Site, Span, Use
+
+        def race(model):
+            model.op(1, [Use(Span("cuda:0", 0, 8), True, Site("aten::fill_", "self"))])
+            model.op(2, [Use(Span("cuda:0", 0, 8), False, Site("aten::sum", "self"))])
+
         def test_watched(stream_sanitizer):
             assert stream_sanitizer.races == []
+
+        def test_a_race_fails_it(stream_sanitizer):
+            race(stream_sanitizer.model)
+
+        def test_a_race_it_looks_at_itself(stream_sanitizer):
+            stream_sanitizer.raise_on_race = False
+            race(stream_sanitizer.model)
+            assert len(stream_sanitizer.races) == 1
     """)
-    result = pytester.runpytest("-p", "harness.frontends.pytest_plugin", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1)
+    # In its own process: an in-process run drops the modules it imported (numpy's among them),
+    # and a later test of this worker that imports them again fails.
+    monkeypatch.setenv("PYTHONPATH", str(Path(harness.__file__).resolve().parent.parent))  # this checkout's
+    result = pytester.runpytest_subprocess("-p", "harness.frontends.pytest_plugin", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_a_race_fails_it*", "*read-after-write race*"])
 
 
 # ---- the whole tap on CPU: torch's trace callbacks fired by hand, the graph hooks called ----
@@ -285,3 +306,16 @@ def test_a_trace_callback_with_no_sanitizer_watching_does_nothing():
     with Sanitizer() as s:
         fire("EventRecordCallbacks", 12, SIDE)
     assert 12 in s.model._events and 11 not in s.model._events
+
+
+def test_the_comparison_tables_rows(capsys):
+    from harness.examples.sanitizer_compare import CASES, Case, _row
+
+    assert [c.name for c in CASES if c.racy] == [
+        "example:none", "attention-full-none", "mamba-full-none", "hybrid-full-none"]
+    assert _row(Case("example:none"), {"stale": 50, "races": 1, "ours_stale": 50, "torch": "silent"}, 50)
+    assert not _row(Case("attention-full-final_event"), {"stale": 0, "races": 2}, 10)
+    assert not _row(Case("example:none"), {"error": "RuntimeError: boom"}, 50)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "| example:none | race | 50/50 | 1 | 50/50 | - | silent | yes |"
+    assert out[1].endswith("| NO |") and "error: RuntimeError: boom" in out[2]

@@ -78,7 +78,7 @@ def _torch_in_process(case: Case, replays: int, example_replays: int) -> dict:
     cmd = [sys.executable, "-m", "harness.examples.sanitizer_compare", "--torch-one", case.name,
            "--replays", str(replays), "--example-replays", str(example_replays)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     except subprocess.TimeoutExpired:
         return {"torch": "timed out"}
     lines = proc.stdout.strip().splitlines()
@@ -108,6 +108,18 @@ def _ours(case: Case, replays: int, example_replays: int, log) -> dict:
     return row
 
 
+def _row(c: Case, r: dict, n: int) -> bool:
+    """Print the case's row; whether harness.sanitizer's verdict is what the case is."""
+    if "error" in r:
+        verdict, ok = f"error: {r['error']}", False
+    else:
+        verdict, ok = str(r["races"]), (r["races"] > 0) == c.racy
+    print(f"| {c.name} | {'race' if c.racy else 'fenced'} | {r.get('stale', '-')}/{n} | {verdict} "
+          f"| {r.get('ours_stale', '-')}/{n} | {r.get('ours_s', '-')} | {r.get('torch', '-')} "
+          f"| {'yes' if ok else 'NO'} |", flush=True)
+    return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.examples.sanitizer_compare",
                                 description=__doc__.splitlines()[0])
@@ -119,27 +131,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.torch_one:
         print(json.dumps(_torch_one(Case(args.torch_one), args.replays, args.example_replays)))
         return 0
-    with ThreadPoolExecutor(max_workers=2) as pool:  # PyTorch's sanitizer: its own processes
-        theirs = {c.name: pool.submit(_torch_in_process, c, args.replays, args.example_replays) for c in CASES}
-        with open(args.log, "w") as log:
-            ours = {c.name: _ours(c, args.replays, args.example_replays, log) for c in CASES}
-        rows = [(c, {**ours[c.name], **theirs[c.name].result()}) for c in CASES]
-    wrong = 0
     print("| case | is | stale, no sanitizer | harness.sanitizer races | stale under it | its time s "
           "| torch.cuda._sanitizer | agrees |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for c, r in rows:
-        n = args.example_replays if c.name.startswith("example:") else args.replays
-        if "error" in r:
-            verdict = f"error: {r['error']}"
-            ok = False
-        else:
-            verdict = str(r["races"])
-            ok = (r["races"] > 0) == c.racy
-        wrong += not ok
-        print(f"| {c.name} | {'race' if c.racy else 'fenced'} | {r.get('stale', '-')}/{n} | {verdict} "
-              f"| {r.get('ours_stale', '-')}/{n} | {r.get('ours_s', '-')} | {r.get('torch', '-')} "
-              f"| {'yes' if ok else 'NO'} |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    wrong = 0
+    # PyTorch's sanitizer runs in processes of its own, two at a time, beside this one's cases; each
+    # row prints as soon as both sides of it are done, so a run cut short keeps the rows it has.
+    with ThreadPoolExecutor(max_workers=2) as pool, open(args.log, "w") as log:
+        theirs = {c.name: pool.submit(_torch_in_process, c, args.replays, args.example_replays) for c in CASES}
+        for c in CASES:
+            r = {**_ours(c, args.replays, args.example_replays, log), **theirs[c.name].result()}
+            wrong += not _row(c, r, args.example_replays if c.name.startswith("example:") else args.replays)
     return 1 if wrong else 0
 
 
