@@ -317,5 +317,5 @@ def test_the_comparison_tables_rows(capsys):
     assert not _row(Case("attention-full-final_event"), {"stale": 0, "races": 2}, 10)
     assert not _row(Case("example:none"), {"error": "RuntimeError: boom"}, 50)
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "| example:none | race | 50/50 | 1 | 50/50 | - | silent | yes |"
+    assert out[0] == "| example:none | race | 50/50 | 1 | 50/50 | - / - | silent | yes |"
     assert out[1].endswith("| NO |") and "error: RuntimeError: boom" in out[2]

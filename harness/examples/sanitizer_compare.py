@@ -6,10 +6,11 @@ Cases: the plain-PyTorch example (`harness.examples.h2d_graph_race`, each fence)
 default set's full-graph scenarios (attention, mamba, hybrid; no fence and the final-event
 fence; and attention with per-layer external waits captured in the graph). For each: the
 stale replays with no sanitizer (the data), the races `harness.sanitizer` reports (and the
-stale replays while it watched), and whether `torch.cuda._sanitizer` flags anything: that
-one runs in a process of its own per case, since it cannot be turned off. Prints a Markdown
-table last; exit 1 when harness.sanitizer's verdict differs from what the case is (a race
-for no fence, none with one), 0 otherwise.
+stale replays while it watched; the run's wall time without it and with it), and whether
+`torch.cuda._sanitizer` flags anything: that one runs in a process of its own per case,
+since it cannot be turned off. Prints a Markdown table, row by row; exit 1 when
+harness.sanitizer's verdict differs from what the case is (a race for no fence, none with
+one), 0 otherwise.
 """
 
 from __future__ import annotations
@@ -92,7 +93,9 @@ def _ours(case: Case, replays: int, example_replays: int, log) -> dict:
 
     row: dict = {}
     try:
+        t0 = time.perf_counter()
         row["stale"] = _run(case, replays, example_replays)
+        row["plain_s"] = round(time.perf_counter() - t0, 1)
         t0 = time.perf_counter()
         with sanitize() as s:
             row["ours_stale"] = _run(case, replays, example_replays)
@@ -115,7 +118,8 @@ def _row(c: Case, r: dict, n: int) -> bool:
     else:
         verdict, ok = str(r["races"]), (r["races"] > 0) == c.racy
     print(f"| {c.name} | {'race' if c.racy else 'fenced'} | {r.get('stale', '-')}/{n} | {verdict} "
-          f"| {r.get('ours_stale', '-')}/{n} | {r.get('ours_s', '-')} | {r.get('torch', '-')} "
+          f"| {r.get('ours_stale', '-')}/{n} | {r.get('plain_s', '-')} / {r.get('ours_s', '-')} "
+          f"| {r.get('torch', '-')} "
           f"| {'yes' if ok else 'NO'} |", flush=True)
     return ok
 
@@ -131,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.torch_one:
         print(json.dumps(_torch_one(Case(args.torch_one), args.replays, args.example_replays)))
         return 0
-    print("| case | is | stale, no sanitizer | harness.sanitizer races | stale under it | its time s "
+    print("| case | is | stale, no sanitizer | harness.sanitizer races | stale under it | time s, plain / under it "
           "| torch.cuda._sanitizer | agrees |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
     wrong = 0
