@@ -319,3 +319,98 @@ def test_the_comparison_tables_rows(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "| example:none | race | 50/50 | 1 | 50/50 | - / - | silent | yes |"
     assert out[1].endswith("| NO |") and "error: RuntimeError: boom" in out[2]
+
+
+class FakeCuda:
+    """torch.cuda.Event and CUDAGraph stand-ins that trace as CUDA's do, so that the CUDA tap's
+    own patches (of __new__, record, query, capture_begin/end, replay) run on CPU."""
+
+    def __init__(self, streams: FakeStreams):
+        ids = iter(range(1000, 2000))
+
+        class Event:
+            def __new__(cls, enable_timing=False, blocking=False, interprocess=False, external=False):
+                ev = object.__new__(cls)
+                ev.cuda_event = 0  # created at its first record, as CUDA's
+                return ev
+
+            def record(self, stream=None):
+                if not self.cuda_event:
+                    self.cuda_event = next(ids)
+                    fire("EventCreationCallbacks", self.cuda_event)
+                fire("EventRecordCallbacks", self.cuda_event, streams())
+
+            def wait(self, stream=None):
+                if self.cuda_event:
+                    fire("EventWaitCallbacks", self.cuda_event, streams())
+
+            def query(self):
+                return True
+
+        class CUDAGraph:
+            def capture_begin(self, pool=None, capture_error_mode="global"):
+                pass
+
+            def capture_end(self):
+                pass
+
+            def replay(self):
+                pass
+
+        self.Event, self.CUDAGraph = Event, CUDAGraph
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    streams = FakeStreams()
+    fake = FakeCuda(streams)
+    monkeypatch.setattr(torch.cuda, "Event", fake.Event)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", fake.CUDAGraph)
+    from harness.devices.torch_watch import CudaWatch
+
+    def watch(model, depth):
+        return CudaWatch(model, stack_depth=depth, stream_of=streams, space_of=lambda t: "cuda:0")
+
+    return streams, watch
+
+
+@pytest.mark.parametrize("external", [True, False])
+def test_an_external_event_recorded_in_a_graph_through_the_patches(fake_cuda, external):
+    streams, watch = fake_cuda
+    x, out = torch.zeros(64), torch.empty(64)
+    with Sanitizer(watch=watch) as s:
+        done = torch.cuda.Event(external=external)
+        graph = torch.cuda.CUDAGraph()
+        streams.current = CAP
+        graph.capture_begin()
+        torch.mul(x, 2, out=out)  # the graph reads x
+        done.record()  # a record node when external: each replay records it
+        graph.capture_end()
+        streams.current = MAIN
+        for _ in range(2):
+            graph.replay()
+            streams.current = SIDE
+            done.wait()  # the next copy waits for the replay's read
+            x.fill_(1)
+            streams.current = MAIN
+            fire("DeviceSynchronizationCallbacks")
+    assert [r.kind.value for r in s.races] == ([] if external else ["write-after-read"])
+    if not external:
+        assert "test_sanitizer_watch.py" in s.races[0].earlier.replay_stack[-1]
+    assert torch.cuda.Event.__dict__["__new__"].__func__.__qualname__.startswith("FakeCuda")  # restored
+
+
+@pytest.mark.parametrize("polled", [True, False])
+def test_an_event_query_that_says_done_orders_what_the_host_does_next(fake_cuda, polled):
+    streams, watch = fake_cuda
+    x = torch.zeros(64)
+    with Sanitizer(watch=watch) as s:
+        copied = torch.cuda.Event()
+        streams.current = SIDE
+        x.fill_(1)
+        copied.record()
+        streams.current = MAIN
+        if polled:
+            assert copied.query()
+        x.sum()
+    assert [r.kind.value for r in s.races] == ([] if polled else ["read-after-write"])
