@@ -389,3 +389,12 @@ def test_the_capture_is_readable_in_the_order_graph_edges_are_asked_about():
     kinds_ = [type(op).__name__ for op in m.captured(GRAPH)]
     assert kinds_ == ["CapturedWait", "CapturedOp", "CapturedRecord"]
     assert m.captured(GRAPH)[0].external and m.captured("other") == ()
+
+
+def test_a_graph_captured_again_under_the_same_key_is_a_new_graph():
+    m = SanitizerModel()
+    capture(m, lambda: m.op(CAP, W()))
+    m.replay(GRAPH, MAIN)
+    capture(m, lambda: m.op(CAP, R()))  # the same key and stream: the old graph is gone
+    m.replay(GRAPH, SIDE)  # not ordered after the old graph's launch on MAIN
+    assert kinds(m) == ["read-after-write"]

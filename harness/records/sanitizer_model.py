@@ -215,6 +215,7 @@ class SanitizerModel:
         self._graphs: dict[GraphKey, _Graph] = {}
         self._capturing: dict[StreamId, _Graph] = {}  # stream -> the capture it belongs to
         self._virtual: dict[tuple[GraphKey, StreamId], StreamId] = {}
+        self._virtual_made = 0
         self._races: dict[tuple, Race] = {}
         self.unknown_replays = 0  # replays of graphs captured before the model saw them
 
@@ -294,6 +295,8 @@ class SanitizerModel:
     def capture_begin(self, graph: GraphKey, stream: StreamId, label: str = "") -> None:
         g = _Graph(graph, label or f"graph {len(self._graphs) + 1}", stream)
         self._graphs[graph] = g
+        for key in [k for k in self._virtual if k[0] == graph]:  # a key used again: a new graph
+            del self._virtual[key]
         self._join(g, stream)
 
     def capture_end(self, graph: GraphKey) -> None:
@@ -352,7 +355,8 @@ class SanitizerModel:
         key = (g.key, captured)
         v = self._virtual.get(key)
         if v is None:  # below HOST: never a real stream's handle
-            v = self._virtual[key] = HOST - 1 - len(self._virtual)
+            self._virtual_made += 1
+            v = self._virtual[key] = HOST - self._virtual_made
         return v
 
     # ---- the check
