@@ -46,8 +46,13 @@ def _layer(name: str) -> int:
     return LAYERS.index(parts[1])
 
 
+# Entry points above every layer: `python -m harness`, and `harness.sanitizer` (a public name
+# that re-exports the frontend's sanitizer).
+TOP = ("__main__", "sanitizer")
+
+
 def test_every_module_sits_in_a_layer():
-    loose = [n for n in MODULES if n.count(".") == 1 and n.split(".")[1] not in (*LAYERS, "__main__")]
+    loose = [n for n in MODULES if n.count(".") == 1 and n.split(".")[1] not in (*LAYERS, *TOP)]
     assert not loose, f"modules outside every layer: {loose}"
 
 

@@ -442,6 +442,24 @@ def harness_ground_truth(harness_device):
     return build
 
 
+@pytest.fixture
+def stream_sanitizer():
+    """`harness.sanitizer` watching the test (streams, events, graph captures and replays).
+
+    Any unordered pair of accesses fails the test at teardown, with both sides described.
+    A test that means to look at the races itself sets `stream_sanitizer.raise_on_race = False`
+    and reads `stream_sanitizer.races`.
+    """
+    from harness.frontends.sanitizer import Sanitizer
+    from harness.records.errors import RacesFound
+
+    try:
+        with Sanitizer(raise_on_race=True) as s:
+            yield s
+    except RacesFound as e:
+        pytest.fail(str(e), pytrace=False)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """torch (and, with CUDA, the GPU, CUDA and driver) as properties of the JUnit test suite.
 

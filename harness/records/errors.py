@@ -112,3 +112,15 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+class SanitizerError(HarnessError):
+    """`harness.sanitizer` cannot watch as asked (one already watching, say)."""
+
+
+class RacesFound(SanitizerError):
+    """`harness.sanitizer` with `raise_on_race=True` saw unordered accesses; the message lists them."""
+
+    def __init__(self, report: str, races: list):
+        super().__init__(report)
+        self.races = races

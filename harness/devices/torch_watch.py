@@ -1,0 +1,330 @@
+"""What torch enqueues, fed to the stream sanitizer's model (`harness.records.sanitizer_model`).
+
+Three taps, as PyTorch's CUDA sanitizer (`torch/cuda/_sanitizer.py`) has them, and one more:
+
+- `OpWatch`, a `TorchDispatchMode`: every aten operation, with the memory each tensor
+  argument reads or writes, from the operator's schema (an argument that is written is
+  `Tensor(a!)`; a view's alias is metadata only; outputs are written). CUDA tensors, and
+  pinned host tensors (the source of an async H2D copy, the target of a D2H one): an
+  operation on a CUDA tensor runs on the current stream; one on pinned host tensors only
+  is the host's own work.
+- torch's GPU trace (`torch._C._activate_gpu_trace`, `torch.cuda._gpu_trace`): event
+  creation, record, wait, destruction; allocation and free; device, stream and event
+  synchronisation. The trace cannot be turned off once on, so its callbacks are
+  registered once per process and forward to whichever model is watching (none: nothing).
+- patches held only while watching: `CUDAGraph.capture_begin`, `capture_end`, `replay`
+  (torch tells the trace nothing of graphs), `Event.query` (a query that says done is a
+  host observation, as a synchronize is) and `Event.__new__` (which events are external).
+
+Spans are byte ranges from the tensor's pointer, shape and strides (a strided view is
+taken as its whole extent). Stacks are short: the innermost frames outside torch and
+this module.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from harness.records.errors import SanitizerError
+from harness.records.sanitizer_model import SanitizerModel, Site, Span, Use
+
+__all__ = ["OpWatch", "CudaWatch", "cuda_space", "short_stack"]
+
+aten = torch.ops.aten
+FACTORY = re.compile(r"(new_.*|.*_like)")  # factories that take a tensor read only its metadata
+SKIPPED = {aten.record_stream.default}  # not a kernel
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_QUIET = (
+    _TORCH_DIR,
+    os.path.join(_HERE, "devices", "torch_watch.py"),
+    os.path.join(_HERE, "frontends", "sanitizer.py"),
+    os.path.join(_HERE, "sanitizer.py"),
+    os.path.dirname(os.__file__) + os.sep + "contextlib.py",
+)
+
+
+def short_stack(depth: int, skip: int = 1) -> tuple[str, ...]:
+    """The innermost `depth` frames outside torch and the sanitizer, outermost first."""
+    frames: list[str] = []
+    f = sys._getframe(skip)
+    while f is not None and len(frames) < depth:
+        path = f.f_code.co_filename
+        if not path.startswith(_QUIET):
+            short = os.sep.join(path.split(os.sep)[-2:])
+            frames.append(f"{short}:{f.f_lineno} in {f.f_code.co_name}")
+        f = f.f_back  # type: ignore[assignment]
+    return tuple(reversed(frames))
+
+
+def cuda_space(t: torch.Tensor) -> str | None:
+    """The address space a tensor's memory counts in: its CUDA device, pinned host memory, or none."""
+    if t.is_cuda:
+        return f"cuda:{t.device.index}"
+    if t.device.type == "cpu" and t.dim() > 0 and t.is_pinned():  # a 0-dim one: a wrapped scalar
+        return "host"
+    return None
+
+
+def _span(t: torch.Tensor, space: str) -> tuple[Span, int] | None:
+    """(its bytes, its allocation's first byte), or None for no memory."""
+    if t.layout != torch.strided or t.numel() == 0:
+        return None
+    try:
+        ptr = t.data_ptr()
+    except RuntimeError:  # a tensor with no storage (fake, functional)
+        return None
+    if not ptr:
+        return None
+    size = t.element_size()
+    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return Span(space, ptr, ptr + extent * size), ptr - int(t.storage_offset()) * size
+
+
+def _arguments(schema: Any, args: tuple, kwargs: dict) -> Iterator[tuple[Any, Any]]:
+    positional = schema.arguments[: len(args)]
+    yield from zip(positional, args, strict=False)
+    for a in schema.arguments[len(args):]:
+        if a.name in kwargs:
+            yield a, kwargs[a.name]
+
+
+class OpWatch(TorchDispatchMode):
+    """Every aten operation's uses of tracked memory, to the model.
+
+    `stream_of()` is the current stream's id; `space_of(tensor)` the address space a
+    tensor counts in ("host" for host memory, anything else is device memory), or None
+    for one to ignore. The defaults are CUDA's; tests pass their own to run on CPU tensors.
+    """
+
+    def __init__(self, model: SanitizerModel, *, stream_of: Callable[[], int] | None = None,
+                 space_of: Callable[[torch.Tensor], str | None] = cuda_space, stack_depth: int = 6,
+                 lock: threading.Lock | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.stream_of = stream_of or (lambda: torch.cuda.current_stream().cuda_stream)
+        self.space_of = space_of
+        self.stack_depth = stack_depth
+        self.lock = lock or threading.Lock()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in SKIPPED:
+            return func(*args, **kwargs)
+        schema = func._schema
+        factory = bool(FACTORY.match(schema.name))
+        found: dict[Span, list] = {}  # span -> [is_write, base, argument names]
+
+        def note(value: Any, is_write: bool, metadata_only: bool, name: str) -> None:
+            if not isinstance(value, torch.Tensor) or (metadata_only and not is_write):
+                return
+            space = self.space_of(value)
+            if space is None:
+                return
+            got = _span(value, space)
+            if got is None:
+                return
+            span, base = got
+            entry = found.setdefault(span, [False, base, []])
+            entry[0] |= is_write
+            if name not in entry[2]:
+                entry[2].append(name)
+
+        for argument, value in _arguments(schema, args, kwargs):
+            alias = argument.alias_info
+            is_write = alias is not None and alias.is_write
+            metadata_only = factory or (alias is not None and not alias.is_write)
+            pytree.tree_map_(lambda v, w=is_write, m=metadata_only, n=argument.name: note(v, w, m, n), value)
+        out = func(*args, **kwargs)
+        returns = schema.returns
+        pairs = [(returns[0], out)] if len(returns) == 1 else list(zip(returns, out, strict=False))
+        for ret, value in pairs:
+            metadata_only = factory or (ret.alias_info is not None and not ret.alias_info.is_write)
+            if not metadata_only:
+                pytree.tree_map_(lambda v: note(v, True, False, "output"), value)
+        if found:
+            operator = str(schema.name) + (f".{schema.overload_name}" if schema.overload_name else "")
+            stack = short_stack(self.stack_depth, 2)
+            uses = [Use(span, w, Site(operator, ", ".join(names), stack), base)
+                    for span, (w, base, names) in found.items()]
+            with self.lock:
+                if all(u.span.space == "host" for u in uses):
+                    self.model.host_op(uses)  # the host runs it, now
+                else:
+                    self.model.op(self.stream_of(), uses)
+        return out
+
+
+# ---- torch's GPU trace: registered once, forwarded to the model watching now ---------
+
+_watching: list[CudaWatch] = []
+_trace_on = False
+
+
+def _forward(method: str) -> Callable[..., None]:
+    def callback(*args: int) -> None:
+        if _watching:
+            w = _watching[-1]
+            with w.lock:
+                getattr(w.model, method)(*args)
+
+    return callback
+
+
+def _install_trace() -> None:
+    global _trace_on
+    if _trace_on:
+        return
+    try:
+        import torch.cuda._gpu_trace as gpu_trace
+    except ImportError:  # torch before 2.2 kept it here
+        import torch.utils._cuda_trace as gpu_trace  # type: ignore[no-redef]
+
+    torch._C._activate_gpu_trace()
+    gpu_trace.register_callback_for_event_creation(_forward("forget_event"))
+    gpu_trace.register_callback_for_event_deletion(_forward("forget_event"))
+    gpu_trace.register_callback_for_event_record(_forward("record"))
+    gpu_trace.register_callback_for_event_wait(_forward("wait"))
+    gpu_trace.register_callback_for_memory_allocation(_forward("free"))  # a fresh allocation's past is gone
+    gpu_trace.register_callback_for_memory_deallocation(_forward("free"))
+    gpu_trace.register_callback_for_device_synchronization(_forward("host_sync"))
+    gpu_trace.register_callback_for_stream_synchronization(_forward("stream_sync"))
+    gpu_trace.register_callback_for_event_synchronization(_forward("event_sync"))
+    _trace_on = True
+
+
+class CudaWatch:
+    """All three taps, for one model, between `start()` and `stop()`.
+
+    `stream_of` and `space_of` are `OpWatch`'s (CUDA's by default); the patches call the
+    `on_*` methods, which tests call directly on CPU.
+    """
+
+    def __init__(self, model: SanitizerModel, *, stack_depth: int = 6, stream_of: Callable[[], int] | None = None,
+                 space_of: Callable[[torch.Tensor], str | None] = cuda_space) -> None:
+        self.model = model
+        self.lock = threading.Lock()
+        self.stream_of = stream_of or (lambda: torch.cuda.current_stream().cuda_stream)
+        self.ops = OpWatch(model, stack_depth=stack_depth, lock=self.lock, stream_of=self.stream_of,
+                           space_of=space_of)
+        self.stack_depth = stack_depth
+        self._saved: list[tuple[type, str, Any]] = []
+        self._external: weakref.WeakSet = weakref.WeakSet()
+
+    def start(self) -> None:
+        if _watching:
+            raise SanitizerError("a harness.sanitizer is already watching: one at a time")
+        _install_trace()
+        self._patch()
+        _watching.append(self)
+        self.ops.__enter__()
+
+    def stop(self) -> None:
+        try:
+            self.ops.__exit__(None, None, None)
+        finally:
+            _watching.remove(self)
+            for cls, name, value in reversed(self._saved):
+                if value is None:
+                    delattr(cls, name)  # it was the base class's: uncover it
+                else:
+                    setattr(cls, name, value)
+            self._saved.clear()
+
+    # ---- what the patches tell the model
+    def on_capture_begin(self, graph: object) -> None:
+        with self.lock:
+            self.model.capture_begin(id(graph), self.stream_of())
+
+    def on_capture_end(self, graph: object) -> None:
+        with self.lock:
+            self.model.capture_end(id(graph))
+
+    def on_replay(self, graph: object, stack: tuple[str, ...]) -> None:
+        with self.lock:
+            self.model.replay(id(graph), self.stream_of(), stack)
+
+    def on_query_done(self, event: int) -> None:
+        with self.lock:
+            self.model.event_sync(event)
+
+    def on_external_record(self, event: int) -> None:
+        with self.lock:
+            self.model.external_event(event)
+
+    # ---- the patches
+    def _swap(self, cls: type, name: str, make: Callable[[Any], Any]) -> None:
+        own = cls.__dict__.get(name)
+        self._saved.append((cls, name, own))
+        setattr(cls, name, make(own if own is not None else getattr(cls, name)))
+
+    def _patch(self) -> None:
+        watch = self
+
+        def capture_begin(old):
+            def wrapped(graph, *a, **kw):
+                out = old(graph, *a, **kw)
+                watch.on_capture_begin(graph)
+                return out
+            return wrapped
+
+        def capture_end(old):
+            def wrapped(graph, *a, **kw):
+                try:
+                    return old(graph, *a, **kw)
+                finally:
+                    watch.on_capture_end(graph)
+            return wrapped
+
+        def replay(old):
+            def wrapped(graph, *a, **kw):
+                out = old(graph, *a, **kw)
+                watch.on_replay(graph, short_stack(watch.stack_depth, 2))
+                return out
+            return wrapped
+
+        def query(old):
+            def wrapped(event):
+                done = old(event)
+                if done and event.cuda_event:
+                    watch.on_query_done(event.cuda_event)
+                return done
+            return wrapped
+
+        def new(old):
+            make = old.__func__ if isinstance(old, staticmethod) else old
+
+            def wrapped(cls, enable_timing=False, blocking=False, interprocess=False, external=False):
+                ev = make(cls, enable_timing=enable_timing, blocking=blocking, interprocess=interprocess,
+                          external=external)
+                if external:
+                    watch._external.add(ev)
+                return ev
+            return staticmethod(wrapped)
+
+        def record(old):
+            def wrapped(event, *a, **kw):
+                out = old(event, *a, **kw)
+                if event in watch._external:  # created at its first record: say what it is now
+                    watch.on_external_record(event.cuda_event)
+                return out
+            return wrapped
+
+        graph_cls, event_cls = torch.cuda.CUDAGraph, torch.cuda.Event
+        self._swap(graph_cls, "capture_begin", capture_begin)
+        self._swap(graph_cls, "capture_end", capture_end)
+        self._swap(graph_cls, "replay", replay)
+        self._swap(event_cls, "query", query)
+        self._swap(event_cls, "__new__", new)
+        self._swap(event_cls, "record", record)

@@ -1,0 +1,153 @@
+"""harness.sanitizer against PyTorch's CUDA sanitizer and against the data, on a GPU.
+
+    python -m harness.examples.sanitizer_compare [--replays N] [--log FILE]
+
+Cases: the plain-PyTorch example (`harness.examples.h2d_graph_race`, each fence) and the
+default set's full-graph scenarios (attention, mamba, hybrid; no fence and the final-event
+fence; and attention with per-layer external waits captured in the graph). For each: the
+stale replays with no sanitizer (the data), the races `harness.sanitizer` reports (and the
+stale replays while it watched; the run's wall time without it and with it), and whether
+`torch.cuda._sanitizer` flags anything: that one runs in a process of its own per case,
+since it cannot be turned off. Prints a Markdown table, row by row; exit 1 when
+harness.sanitizer's verdict differs from what the case is (a race for no fence, none with
+one), 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+EXAMPLE_FENCES = ("none", "wait_stream", "event", "in_graph")
+SCENARIOS = [f"{m}-full-{f}" for m in ("attention", "mamba", "hybrid") for f in ("none", "final_event")]
+SCENARIOS.append("attention-full-layerwise_graph")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str  # "example:none" or a scenario name
+
+    @property
+    def racy(self) -> bool:
+        """What the case is: unfenced (a race) or fenced (none)."""
+        return self.name.endswith("none")
+
+
+CASES = [Case(f"example:{f}") for f in EXAMPLE_FENCES] + [Case(n) for n in SCENARIOS]
+
+
+def _run(case: Case, replays: int, example_replays: int) -> int:
+    """Run the case once; its stale replays."""
+    if case.name.startswith("example:"):
+        from harness.examples.h2d_graph_race import run
+
+        return run(case.name.split(":", 1)[1], example_replays)
+    from harness.devices.cuda import CudaDevice
+    from harness.run.pipeline import run_scenario
+    from harness.run.scenario_file import default_files, load_files
+
+    scenarios = {s.name: s for s in load_files(default_files())}
+    name = case.name
+    if name not in scenarios and name.endswith("layerwise_graph"):
+        base = scenarios[name.replace("layerwise_graph", "final_event")]
+        scenarios[name] = base.with_overrides(name=name, fence="layerwise_graph")
+    result = run_scenario(scenarios[name], CudaDevice(), replays=replays)
+    if result.error:
+        raise RuntimeError(result.error)
+    return result.tally.stale_replays
+
+
+def _torch_one(case: Case, replays: int, example_replays: int) -> dict:
+    import torch.cuda._sanitizer as csan
+
+    csan.enable_cuda_sanitizer()
+    try:
+        stale = _run(case, replays, example_replays)
+    except Exception as e:  # noqa: BLE001 - CUDASanitizerErrors: its verdict; anything else: say so
+        if type(e).__name__ != "CUDASanitizerErrors":
+            return {"torch": f"error: {type(e).__name__}: {str(e).splitlines()[:1]}"}
+        return {"torch": f"flags ({len(getattr(e, 'errors', []))})", "torch_stale": None}
+    return {"torch": "silent", "torch_stale": stale}
+
+
+def _torch_in_process(case: Case, replays: int, example_replays: int) -> dict:
+    cmd = [sys.executable, "-m", "harness.examples.sanitizer_compare", "--torch-one", case.name,
+           "--replays", str(replays), "--example-replays", str(example_replays)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired:
+        return {"torch": "timed out"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode or not lines:
+        return {"torch": f"failed: {proc.stderr.strip().splitlines()[-1:]}"}
+    return json.loads(lines[-1])
+
+
+def _ours(case: Case, replays: int, example_replays: int, log) -> dict:
+    from harness.frontends.sanitizer import sanitize
+
+    row: dict = {}
+    try:
+        t0 = time.perf_counter()
+        row["stale"] = _run(case, replays, example_replays)
+        row["plain_s"] = round(time.perf_counter() - t0, 1)
+        t0 = time.perf_counter()
+        with sanitize() as s:
+            row["ours_stale"] = _run(case, replays, example_replays)
+        row["ours_s"] = round(time.perf_counter() - t0, 1)
+        row["races"] = len(s.races)
+        log.write(f"==== {case.name}: {len(s.races)} races\n")
+        for r in s.races[:4]:
+            log.write(r.describe() + "\n")
+        log.flush()
+    except Exception as e:  # noqa: BLE001 - one case's failure is its row, the table goes on
+        row["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+        log.write(f"==== {case.name}: error {row['error']}\n")
+    return row
+
+
+def _row(c: Case, r: dict, n: int) -> bool:
+    """Print the case's row; whether harness.sanitizer's verdict is what the case is."""
+    if "error" in r:
+        verdict, ok = f"error: {r['error']}", False
+    else:
+        verdict, ok = str(r["races"]), (r["races"] > 0) == c.racy
+    print(f"| {c.name} | {'race' if c.racy else 'fenced'} | {r.get('stale', '-')}/{n} | {verdict} "
+          f"| {r.get('ours_stale', '-')}/{n} | {r.get('plain_s', '-')} / {r.get('ours_s', '-')} "
+          f"| {r.get('torch', '-')} "
+          f"| {'yes' if ok else 'NO'} |", flush=True)
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.examples.sanitizer_compare",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--replays", type=int, default=20, help="counted replays per scenario")
+    p.add_argument("--example-replays", type=int, default=50)
+    p.add_argument("--log", default="sanitizer_races.log", help="where each case's races are described")
+    p.add_argument("--torch-one", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.torch_one:
+        print(json.dumps(_torch_one(Case(args.torch_one), args.replays, args.example_replays)))
+        return 0
+    print("| case | is | stale, no sanitizer | harness.sanitizer races | stale under it | time s, plain / under it "
+          "| torch.cuda._sanitizer | agrees |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    wrong = 0
+    # PyTorch's sanitizer runs in processes of its own, two at a time, beside this one's cases; each
+    # row prints as soon as both sides of it are done, so a run cut short keeps the rows it has.
+    with ThreadPoolExecutor(max_workers=2) as pool, open(args.log, "w") as log:
+        theirs = {c.name: pool.submit(_torch_in_process, c, args.replays, args.example_replays) for c in CASES}
+        for c in CASES:
+            r = {**_ours(c, args.replays, args.example_replays, log), **theirs[c.name].result()}
+            wrong += not _row(c, r, args.example_replays if c.name.startswith("example:") else args.replays)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""harness.sanitizer on a GPU: the plain-PyTorch example (a side-stream H2D copy and a graph that
+reads its target) and the default set's full-graph scenarios. Each race test has its fenced twin."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.examples.h2d_graph_race import run
+from harness.records.errors import RacesFound
+from harness.sanitizer import sanitize
+
+pytestmark = pytest.mark.gpu
+
+
+def test_the_example_is_stale_without_a_fence_and_the_sanitizer_says_why():
+    assert run("none", 20) > 0  # the data: the replay reads the poison
+    with sanitize() as s:
+        run("none", 20)
+    assert s.races, s.report()
+    race = next(r for r in s.races if r.later.graph)
+    assert race.kind.value == "read-after-write"
+    assert race.earlier.use.site.operator == "aten::copy_" and not race.earlier.graph
+    assert race.later.use.site.operator.startswith("aten::mul")
+    assert race.later.use.span.overlaps(race.earlier.use.span)
+    assert race.times == 20  # every replay
+    assert any("h2d_graph_race.py" in f for f in race.later.use.site.stack)  # captured here
+    assert any("h2d_graph_race.py" in f for f in race.later.replay_stack)  # replayed here
+
+
+@pytest.mark.parametrize("fence", ["wait_stream", "event", "in_graph"])
+def test_the_example_with_a_fence_is_clean_and_the_sanitizer_is_silent(fence):
+    assert run(fence, 20) == 0
+    with sanitize() as s:
+        run(fence, 20)
+    assert s.races == [], s.report()
+
+
+def test_raise_on_race():
+    with pytest.raises(RacesFound):
+        with sanitize(raise_on_race=True):
+            run("none", 3)
+
+
+def test_an_eager_race_is_seen_as_pytorchs_sanitizer_sees_it():
+    side = torch.cuda.Stream()
+    x = torch.zeros(1 << 20, device="cuda")
+    torch.cuda.synchronize()
+    with sanitize() as s:
+        with torch.cuda.stream(side):
+            x.fill_(1)
+        x.sum()
+    assert [r.kind.value for r in s.races] == ["read-after-write"]
+    torch.cuda.synchronize()
+    with sanitize() as s:
+        with torch.cuda.stream(side):
+            x.fill_(1)
+        torch.cuda.current_stream().wait_stream(side)
+        x.sum()
+    assert s.races == []
+
+
+def test_the_fixture(stream_sanitizer):
+    run("wait_stream", 3)  # a race here would fail this test at teardown
+
+
+@pytest.mark.parametrize("model", ["attention", "hybrid"])
+def test_a_full_graph_scenario_races_unfenced_and_not_with_the_final_event(model):
+    from harness.devices.cuda import CudaDevice
+    from harness.run.pipeline import run_scenario
+    from harness.run.scenario_file import default_files, load_files
+
+    scenarios = {s.name: s for s in load_files(default_files())}
+    dev = CudaDevice()
+    found = {}
+    for fence in ("none", "final_event"):
+        with sanitize() as s:
+            result = run_scenario(scenarios[f"{model}-full-{fence}"], dev, replays=5)
+        assert result.error is None
+        found[fence] = s
+    assert found["none"].races, "unfenced full graph: no race found"
+    assert any(r.later.graph or r.earlier.graph for r in found["none"].races)
+    assert found["final_event"].races == [], found["final_event"].report()
