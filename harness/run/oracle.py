@@ -123,9 +123,10 @@ class Oracle:
         for seg in arena.segments:
             n = len(seg.units)
             if n:
+                word: torch.dtype | None
                 if seg.units[0].kind == READ:
-                    word: torch.dtype | None = _word(truth[at:at + seg.size], seg.unit_size)
-                    row = seg.unit_size * truth.element_size() // word.itemsize
+                    bits = _word(truth[at:at + seg.size], seg.unit_size)
+                    word, row = bits, seg.unit_size * truth.element_size() // bits.itemsize
                 else:
                     word, row = None, seg.unit_size
                 run = self._runs[-1] if self._runs else None
@@ -155,7 +156,7 @@ class Oracle:
         """Device-side work that compares `arena` into the two rows given, its views built once
         (the replay loop's look runs it every replay, or captures it into a graph)."""
         tol = self.tolerance
-        steps: list[Callable[[], object]] = []
+        steps: list[Callable[[], torch.Tensor]] = []
         for run in self._runs:
             got, want = arena[run.elems], self.truth[run.elems]
             if run.word is not None:

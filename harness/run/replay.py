@@ -301,8 +301,10 @@ class _Observer:
         if not rows == self.rows == written:
             raise RuntimeError(f"a batch of {rows} replays enqueued {self.rows} looks that wrote {written} rows: "
                                "its verdicts would not be each replay's own")
-        counts = self.counts[:rows].cpu()
-        masks = self.masks[:rows].cpu() if counts.any() else None
+        # Copies, also where the device's memory is the host's (the simulator): a verdict keeps its
+        # mask row for `slots`, and the next batch writes these rows again.
+        counts = self.counts[:rows].to("cpu", copy=True)
+        masks = self.masks[:rows].to("cpu", copy=True) if counts.any() else None
         self._restart()
         return counts, masks
 
