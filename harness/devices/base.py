@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -139,6 +140,9 @@ class Device(abc.ABC):
         self._trace: Trace | None = None
         self._capture: _Capture | None = None
         self._own = False  # inside harness_work()
+        # join()'s events, one per stream it waits for: recorded again at every join (a wait
+        # orders after the record before it), so a replay's look allocates nothing.
+        self._join_events: weakref.WeakKeyDictionary[Stream, Event] = weakref.WeakKeyDictionary()
 
     # ---- ids and the op list -------------------------------------------------
     def _new_id(self) -> int:
@@ -307,9 +311,11 @@ class Device(abc.ABC):
             return SpanKind.HARNESS
         return SpanKind.ACCESS if touches_pools else SpanKind.KERNEL
 
-    def mark(self, stream: _Stream) -> Any:
+    def mark(self, stream: _Stream, reuse: Any = None) -> Any:
         """A timing marker on `stream`: where work enqueued next could start. Read it with
-        `marker_us` after a synchronize (device time on CUDA, virtual time on the simulator)."""
+        `marker_us` after a synchronize (device time on CUDA, virtual time on the simulator).
+        `reuse`: a marker from an earlier call, read already, that may be recorded again (CUDA
+        then makes no new event)."""
         return None
 
     @abc.abstractmethod
@@ -325,7 +331,11 @@ class Device(abc.ABC):
         made: a device-side synchronize, for that stream only (the host does not block)."""
         for other in self._made_streams():
             if other is not stream:
-                stream.wait_stream(other)
+                event = self._join_events.get(other)
+                if event is None:
+                    event = self._join_events[other] = self.Event()
+                event.record(other)
+                stream.wait_event(event)
 
     @abc.abstractmethod
     def _made_streams(self) -> Sequence[_Stream]:

@@ -274,8 +274,8 @@ class CudaDevice(Device):
     def gate(self, timeout_s: float) -> CudaGate:
         return CudaGate(self, timeout_s)
 
-    def mark(self, stream: _Stream):
-        e = torch.cuda.Event(enable_timing=True)
+    def mark(self, stream: _Stream, reuse=None):
+        e = reuse if reuse is not None else torch.cuda.Event(enable_timing=True)
         e.record(stream.raw)  # type: ignore[attr-defined]
         return e
 

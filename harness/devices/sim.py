@@ -224,7 +224,7 @@ class SimDevice(Device):
             self._span(stream, kind, name, ("start", work), ("end", work))
         return work
 
-    def mark(self, stream: _Stream) -> Any:
+    def mark(self, stream: _Stream, reuse: Any = None) -> Any:
         work = self._enqueue(stream, 0.0, "", "", span=False)  # type: ignore[arg-type]
         return None if work is None else ("start", work)
 

@@ -62,6 +62,15 @@ class ArenaLayout:
     def units(self) -> list[Unit]:
         return [u for s in self.segments for u in s.units]
 
+    def unit_starts(self) -> list[range]:
+        """Each segment's units' first elements in the arena, as a range per segment (in unit order):
+        a row of a unit is always written whole, so one element marks whether it was written."""
+        out, at = [], 0
+        for s in self.segments:
+            out.append(range(at, at + s.size, s.unit_size) if s.units else range(at, at))
+            at += s.size
+        return out
+
     def spans(self) -> dict[str, tuple[int, int]]:
         """Each segment's [start, stop) in the arena."""
         out, at = {}, 0

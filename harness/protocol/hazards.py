@@ -107,6 +107,9 @@ class HazardStrategy:
     holds_own = False  # ... or a stream the hazard holds itself (the gate is given to after_forward)
     backs_up = False  # it needs the write-back path (and the probe arena's host-copy units)
     uses_transfer = False  # it runs the scenario's transfer path (`Scenario.transfer`)
+    # `prepare` is device work alone (no host writes, no host waits): it may be captured once and
+    # replayed as a graph (the replay loop's poisoning is).
+    prepares_on_device = True
 
     def setup(self, bed: HazardBed) -> None:
         """Once per scenario, before anything runs."""
@@ -158,6 +161,7 @@ class _WriteBackHazard(HazardStrategy):
 
     backs_up = True
     uses_transfer = True
+    prepares_on_device = False  # the host copy is poisoned by the host
 
     def setup(self, bed: HazardBed) -> None:
         assert bed.writeback is not None, "a write-back hazard needs the testbed's write-back path"
@@ -207,6 +211,7 @@ class StagingOverwrite(HazardStrategy):
     pool is buffer 0, refilled with this batch's bytes before the load op."""
 
     uses_transfer = True
+    prepares_on_device = False  # the host refills the staging buffer
 
     def setup(self, bed: HazardBed) -> None:
         self.ring = StagingRing(bed.dev, bed.layout, bed.pool, bed.host, bed.timeout_s)

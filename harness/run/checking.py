@@ -1,29 +1,33 @@
 """How fast the harness checks replays, against the device time of what it checks.
 
-For each shape, two numbers from one run on one device:
+Per shape, one run of checked replays as `fence-harness run` runs them (the replay loop, the
+poisoning, the comparison on the device, one host synchronisation per batch, the tally), each
+replay marked on the device as it runs (`replay.Stopwatch`, events recorded again every batch):
 
-- **device time alone**: one replay's load op, fence and forward, with the host far ahead
-  (a spin holds the forward stream while all of it is enqueued), from the load op's start
-  to the forward stream's join with the load stream; device events, median over repeats;
-- **checked replays per second**: the scenario run as `fence-harness run` runs it (the
-  replay loop, poisoning, comparison on the device, one host synchronisation per batch,
-  the tally), over the replay loop's wall time.
+- **device bound**: the load op and the replay, from the load op's start to the forward
+  stream's join with every stream, mean over the run's replays: what is checked;
+- **checked replays per second**: replays over the replay loop's wall time;
+- **where the rest went**: the harness's own device work per replay (poisoning; the look:
+  collecting and comparing) and the device's idle time between replays (a host that fell
+  behind, each batch's synchronisation).
 
-The harness's own work per replay is then `1 / rate - device time`, reported as a fraction
-of the device time: what checking adds to what is checked.
+The overhead is `1 / rate` past the device bound, as a fraction of it; the target is 10%.
 """
 
 from __future__ import annotations
 
+import gc
 import statistics
+import time
 from dataclasses import dataclass
 
 from harness.devices.base import Device
-from harness.records.scenario import Backend, Expect, Fault, ModelShape, Request, Scenario
-from harness.run.benchmark import Arm
-from harness.run.pipeline import run_scenario
+from harness.records.scenario import Backend, Expect, ModelShape, Request, Scenario
+from harness.run.oracle import Tally
+from harness.run.replay import Replayer, ReplayTimes, Stopwatch, ground_truth
+from harness.run.testbed import Testbed
 
-HOLD_US = 5000.0  # the spin that keeps the device busy while the host enqueues a timed replay
+TARGET = 0.10  # the harness's own work per replay, at most this fraction of the device bound
 
 
 @dataclass(frozen=True)
@@ -57,58 +61,93 @@ def default_shapes() -> list[Shape]:
 @dataclass(frozen=True)
 class CheckingPoint:
     shape: str
-    device_ms: float  # median device time of load + fence + forward
+    device_ms: float  # the device bound: load + replay, mean per checked replay
     device_p10_ms: float
     device_p90_ms: float
     replays: int
-    replays_per_s: float  # checked, the best of the runs
+    replays_per_s: float  # checked, over the replay loop's wall time
     stale_replays: int
+    poison_ms: float = 0.0  # the harness's device work per replay: poisoning ...
+    look_ms: float = 0.0  # ... and its look (collect, compare)
+    idle_ms: float = 0.0  # the device idle between replays, per replay
 
     @property
     def per_replay_ms(self) -> float:
         return 1e3 / self.replays_per_s if self.replays_per_s else float("inf")
 
     @property
+    def harness_ms(self) -> float:
+        return self.poison_ms + self.look_ms
+
+    @property
+    def bound_replays_per_s(self) -> float:
+        return 1e3 / self.device_ms if self.device_ms else float("inf")
+
+    @property
     def overhead(self) -> float:
         """The harness's own work per replay, as a fraction of the device time it checks."""
         return self.per_replay_ms / self.device_ms - 1.0 if self.device_ms else float("inf")
+
+    @property
+    def within(self) -> bool:
+        return self.overhead <= TARGET
 
     def row(self) -> dict:
         return {"shape": self.shape, "device_ms": round(self.device_ms, 4),
                 "device_p10_ms": round(self.device_p10_ms, 4), "device_p90_ms": round(self.device_p90_ms, 4),
                 "replays": self.replays, "replays_per_s": round(self.replays_per_s, 1),
                 "per_replay_ms": round(self.per_replay_ms, 4), "overhead": round(self.overhead, 4),
-                "device_bound_replays_per_s": round(1e3 / self.device_ms, 1) if self.device_ms else None,
-                "stale_replays": self.stale_replays}
+                "within_target": self.within, "target": TARGET,
+                "device_bound_replays_per_s": round(self.bound_replays_per_s, 1) if self.device_ms else None,
+                "poison_ms": round(self.poison_ms, 4), "look_ms": round(self.look_ms, 4),
+                "idle_ms": round(self.idle_ms, 4), "stale_replays": self.stale_replays}
 
 
-def device_time_ms(dev: Device, scenario: Scenario, repeats: int, warmup: int = 3,
-                   timeout_s: float = 30.0) -> list[float]:
-    """Load + fence + forward of `scenario`, device time per repeat (ms), nothing observed."""
-    arm = Arm(dev, scenario, timeout_s)  # the benchmark's testbed and unobserved replay loop
-    out = []
-    for i in range(warmup + repeats):
-        dev.synchronize(timeout_s)
-        with dev.stream(arm.forward):
-            dev.delay(HOLD_US)
-            start = dev.mark(arm.forward)
-        arm.replay.enqueue(i, Fault())
-        with dev.stream(arm.forward):
-            arm.forward.wait_stream(arm.load)
-            end = dev.mark(arm.forward)
-        dev.synchronize(timeout_s)
-        if i >= warmup:
-            a, b = dev.marker_us(start), dev.marker_us(end)
-            assert a is not None and b is not None
-            out.append((b - a) / 1e3)
-    return out
+def checked_replayer(dev: Device, scenario: Scenario, timeout_s: float = 30.0) -> Replayer:
+    """The replay loop `run_scenario` builds for a scenario with no gate and no pressure: testbed,
+    ground truth, the accessor's waits, the fence's set-up, the runner, then the loop."""
+    tb = Testbed(scenario, dev, timeout_s)
+    oracle = ground_truth(tb, timeout_s)
+    tb.set_waits(tb.accessor)
+    tb.setup_fence()
+    runner = tb.runner(scenario.backend)
+    dev.synchronize(timeout_s)
+    return Replayer(tb, runner, timeout_s, None, oracle)
 
 
-def measure(dev: Device, shape: Shape, replays: int, repeats: int = 30, runs: int = 2,
-            timeout_s: float = 30.0) -> CheckingPoint:
-    times = device_time_ms(dev, shape.scenario, repeats, timeout_s=timeout_s)
-    q = statistics.quantiles(times, n=10)
-    results = [run_scenario(shape.scenario, dev, replays=replays, timeout_s=timeout_s) for _ in range(runs)]
-    best = max(results, key=lambda r: r.replays_per_s)
-    return CheckingPoint(shape.name, statistics.median(times), q[0], q[-1], replays, best.replays_per_s,
-                         best.tally.stale_replays)
+@dataclass(frozen=True)
+class CheckedRun:
+    replays_per_s: float
+    tally: Tally
+    times: ReplayTimes
+
+
+def checked_run(replayer: Replayer, replays: int, warmup: int | None = None) -> CheckedRun:
+    """`replays` checked replays (after a batch of warm-up ones), timed on the host and marked on
+    the device."""
+    fault = replayer.tb.scenario.fault
+    for _ in replayer.replays(range(warmup if warmup is not None else replayer.observer.batch), fault):
+        pass
+    stopwatch, tally = Stopwatch(), Tally()
+    gc_was_on = gc.isenabled()
+    gc.disable()  # as run_scenario does
+    t0 = time.perf_counter()
+    try:
+        for verdict in replayer.replays(range(replays), fault, stopwatch):
+            tally.add(verdict)
+        wall = time.perf_counter() - t0
+    finally:
+        if gc_was_on:
+            gc.enable()
+    return CheckedRun(replays / wall if wall else 0.0, tally, stopwatch.times)
+
+
+def measure(dev: Device, shape: Shape, replays: int, runs: int = 2, timeout_s: float = 30.0) -> CheckingPoint:
+    """The best of `runs` checked runs of `shape`, with its own device bound and breakdown."""
+    replayer = checked_replayer(dev, shape.scenario, timeout_s)
+    best = max((checked_run(replayer, replays) for _ in range(runs)), key=lambda r: r.replays_per_s)
+    t, n = best.times, max(1, best.times.replays)
+    each = t.load_replay_each_ms or [0.0]
+    q = statistics.quantiles(each, n=10) if len(each) > 1 else [each[0]] * 9
+    return CheckingPoint(shape.name, t.load_replay_ms / n, q[0], q[-1], replays, best.replays_per_s,
+                         best.tally.stale_replays, t.poison_ms / n, t.look_ms / n, t.idle_ms / n)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -24,6 +25,34 @@ from harness.model.arena import BACKUP, FINAL, OUTPUT, READ, ArenaLayout, Unit
 from harness.records.scenario import Tolerance
 
 Group = tuple[str, int, str]  # (kind, layer, pool)
+
+
+@dataclass
+class _Run:
+    """Neighbouring arena segments compared alike: the elements they span, the word their bits are
+    compared in (None: by value), and per segment its slice of the run's elementwise result (in
+    words), its units and its row width."""
+
+    elems: slice
+    word: torch.dtype | None
+    rows: list[tuple[slice, slice, int]]
+
+    @property
+    def width(self) -> int:
+        return self.rows[-1][0].stop if self.rows else 0
+
+
+def _not_close(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> torch.Tensor:
+    return ~torch.isclose(got.float(), want.float(), rtol=rtol, atol=atol)
+
+
+def _not_within(got: torch.Tensor, want_f: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+    """`~isclose(got, want)` for a finite `want` (in fp32) and `bound = atol + rtol * |want|`, in four
+    kernels: |got - want| <= bound is False for NaN and for an infinite `got`, as isclose is."""
+    d = torch.sub(got, want_f)  # promoted to fp32 in the kernel
+    d.abs_()
+    close = torch.le(d, bound)
+    return close.logical_not_()
 
 
 @dataclass(frozen=True)
@@ -86,19 +115,28 @@ class Oracle:
         # view and reduce each row (no atomics; a serving shape has hundreds of thousands).
         # A probe is a copy of pool memory, so fresh is bit for bit: its rows are compared as
         # bits, in the widest words a row divides into; computed values (final state, output)
-        # by value, under the tolerance. Word None: compare by value.
-        self._segments: list[tuple[slice, slice, torch.dtype | None, int]] = []  # elements, units, word, row
+        # by value, under the tolerance. Neighbouring segments compared the same way (probes in
+        # one word size; the values) are one *run*: one elementwise kernel over the run, then one
+        # row reduction per segment, so a look is a few kernels whatever the number of segments.
+        self._runs: list[_Run] = []
         at = u = 0
         for seg in arena.segments:
             n = len(seg.units)
             if n:
-                elems = slice(at, at + seg.size)
+                word: torch.dtype | None
                 if seg.units[0].kind == READ:
-                    word = _word(truth[elems], seg.unit_size)
-                    row = seg.unit_size * truth.element_size() // word.itemsize
-                    self._segments.append((elems, slice(u, u + n), word, row))
+                    bits = _word(truth[at:at + seg.size], seg.unit_size)
+                    word, row = bits, seg.unit_size * truth.element_size() // bits.itemsize
                 else:
-                    self._segments.append((elems, slice(u, u + n), None, seg.unit_size))
+                    word, row = None, seg.unit_size
+                run = self._runs[-1] if self._runs else None
+                if run is None or run.word != word or run.elems.stop != at:
+                    run = _Run(slice(at, at), word, [])
+                    self._runs.append(run)
+                width = (seg.size * truth.element_size() // word.itemsize) if word is not None else seg.size
+                start = run.width
+                run.rows.append((slice(start, start + width), slice(u, u + n), row))
+                run.elems = slice(run.elems.start, at + seg.size)
             at, u = at + seg.size, u + n
         # Groups: maximal runs of units of one (kind, layer, pool), counted from a prefix sum.
         self.groups: list[Group] = []
@@ -108,34 +146,48 @@ class Oracle:
             if not self.groups or self.groups[-1] != key:
                 self.groups.append(key)
                 starts.append(i)
-        self._starts = torch.tensor(starts, dtype=torch.long, device=device)
-        self._ends = torch.tensor([*starts[1:], len(self.units)], dtype=torch.long, device=device)
+        # Each group's count is the difference of the unit mask's prefix sum at its bounds.
+        self._bounds = torch.tensor([*starts, len(self.units)], dtype=torch.long, device=device)
         self._running = torch.zeros(len(self.units) + 1, dtype=torch.int32, device=device)  # [0] stays 0
+        self._at_bounds = torch.zeros(len(starts) + 1, dtype=torch.int32, device=device)
         self.read_units = sum(u.kind == READ for u in self.units)
 
-    def _mask_into(self, arena: torch.Tensor, mask: torch.Tensor) -> None:
-        """Device-side: which units of `arena` differ from ground truth (NaN always differs)."""
+    def comparer(self, arena: torch.Tensor, mask_out: torch.Tensor, counts_out: torch.Tensor) -> Callable[[], None]:
+        """Device-side work that compares `arena` into the two rows given, its views built once
+        (the replay loop's look runs it every replay, or captures it into a graph)."""
         tol = self.tolerance
-        for elems, units, word, row in self._segments:
-            got, want = arena[elems], self.truth[elems]
-            if word is not None:
-                differs = got.view(word) != want.view(word)
+        steps: list[Callable[[], torch.Tensor]] = []
+        for run in self._runs:
+            got, want = arena[run.elems], self.truth[run.elems]
+            if run.word is not None:
+                got, want = got.view(run.word), want.view(run.word)
+                steps.append(functools.partial(torch.ne, got, want))
             elif tol.exact:
-                differs = got != want
+                steps.append(functools.partial(torch.ne, got, want))
+            elif bool(torch.isfinite(want).all()):
+                # isclose against a finite truth, with what depends on the truth alone computed once.
+                want_f = want.float()
+                bound = tol.atol + tol.rtol * want_f.abs()
+                steps.append(functools.partial(_not_within, got, want_f, bound))
             else:
-                differs = ~torch.isclose(got.float(), want.float(), rtol=tol.rtol, atol=tol.atol)
-            torch.any(differs.view(-1, row), dim=1, out=mask[units])
+                steps.append(functools.partial(_not_close, got, want, tol.rtol, tol.atol))
+        running, at = self._running, self._at_bounds
+        rows = [(i, width, mask_out[units], row) for i, run in enumerate(self._runs)
+                for width, units, row in run.rows]
 
-    def _counts_into(self, mask: torch.Tensor, out: torch.Tensor) -> None:
-        """Device-side: stale units per group, from a unit mask."""
-        running = self._running
-        torch.cumsum(mask, 0, dtype=torch.int32, out=running[1:])
-        torch.sub(running[self._ends], running[self._starts], out=out)
+        def compare() -> None:
+            differs = [step() for step in steps]  # NaN always differs
+            for i, width, out, row in rows:
+                torch.any(differs[i][width].view(-1, row), dim=1, out=out)
+            torch.cumsum(mask_out, 0, dtype=torch.int32, out=running[1:])
+            torch.index_select(running, 0, self._bounds, out=at)
+            torch.sub(at[1:], at[:-1], out=counts_out)
+
+        return compare
 
     def compare(self, arena: torch.Tensor, mask_out: torch.Tensor, counts_out: torch.Tensor) -> None:
         """Device-side: the unit mask and the group counts of `arena`, into the two rows given."""
-        self._mask_into(arena, mask_out)
-        self._counts_into(mask_out, counts_out)
+        self.comparer(arena, mask_out, counts_out)()
 
     def verdict(self, counts: torch.Tensor, mask: torch.Tensor | None = None) -> ReplayVerdict:
         """Host-side: a verdict from one replay's group counts (CPU), its unit mask kept for `slots`."""

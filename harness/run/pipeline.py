@@ -143,8 +143,8 @@ def run_scenario(
         runner = tb.runner(scenario.backend)
         dev.synchronize(timeout_s)
         gate, fault, result.fault_mode = open_gate(tb, timeout_s)
+        replay = Replayer(tb, runner, timeout_s, gate, oracle)  # it captures the harness's own graphs
         result.fault_mode = pressure.ready() or result.fault_mode  # every graph captured: contend from here
-        replay = Replayer(tb, runner, timeout_s, gate, oracle)
         points = sweep_points(fault)
         n = replays or scenario.replays
 

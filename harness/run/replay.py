@@ -30,12 +30,14 @@ per replay too. Those run one replay per batch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from harness.devices.base import Device, Event, Gate, Stream
+from harness.devices.base import Device, Event, Gate, Graph, Stream
 from harness.model.runners import EagerRunner, Runner
 from harness.protocol.accessors import per_layer
 from harness.protocol.fences import FenceContext
@@ -54,15 +56,21 @@ from harness.run.testbed import Testbed
 
 
 class Marks:
-    """Timing markers one replay leaves on the forward stream (read them once it has finished)."""
+    """Timing markers one replay leaves on the forward stream (read them once it has finished).
+
+    A marker taken again is recorded again (`Device.mark`'s `reuse`): a replay loop that keeps
+    one `Marks` per batch row allocates nothing per replay."""
 
     def __init__(self) -> None:
+        self.begin: Any = None  # before the harness poisons
         self.start: Any = None  # before the load op starts
         self.launch: Any = None  # where the forward could start: after the fence
         self.end: Any = None  # after the forward
+        self.joined: Any = None  # after the forward stream joined every stream: load + replay done
+        self.looked: Any = None  # after the harness's look (collect and compare)
 
     def take(self, dev: Device, stream: Stream, at: str) -> None:
-        setattr(self, at, dev.mark(stream))
+        setattr(self, at, dev.mark(stream, getattr(self, at)))
 
 
 class _Unmarked(Marks):
@@ -185,7 +193,16 @@ class _NoGate(_Gating):
 class _Observer:
     """The harness's own look at a replay: poison the probes first; at the end, once the forward
     stream has joined every stream (every copy enqueued so far has landed before it looks),
-    collect and compare on the device into the replay's row of the batch."""
+    collect and compare on the device into the replay's row of the batch.
+
+    Both halves are the same device work every replay, so each is captured once into a graph
+    where it can be (the hazard's preparation is device work alone; no host copy to collect): a
+    replay then costs the host two graph launches, not a kernel launch per segment, and the
+    device no gaps between them. The row a look writes is a cursor on the device that the look
+    advances, so one graph serves every row; the host counts the rows it enqueued and checks the
+    cursor against them at every read, so each verdict stays its own replay's. While the device
+    records (the traced replay) the same work runs uncaptured, so its op list and timeline show
+    every kernel."""
 
     # Device memory for a batch's unit masks: a batch is as many replays as fit, at most MAX_BATCH.
     MASK_BYTES = 64 << 20
@@ -198,28 +215,98 @@ class _Observer:
         device = oracle.truth.device
         self.masks = torch.zeros((self.batch, units), dtype=torch.bool, device=device)
         self.counts = torch.zeros((self.batch, len(oracle.groups)), dtype=torch.int32, device=device)
+        self.cursor = torch.zeros(1, dtype=torch.long, device=device)  # the row the next look writes
+        self.rows = 0  # looks enqueued since the last read: the host's count of the cursor
+        # This replay's unit mask and group counts, before the look copies them into its row.
+        self._mask = torch.zeros(units, dtype=torch.bool, device=device)
+        self._counts = torch.zeros(len(oracle.groups), dtype=torch.int32, device=device)
+        self._compare = oracle.comparer(tb.model.probes.arena, self._mask[:len(oracle.units)], self._counts)
+        # The probe arena's poison: a NaN in each unit's first element, a unit's row being written
+        # whole (one copy) or not at all, so an unwritten unit differs from ground truth as a wholly
+        # poisoned one would, for a pass over a few elements a unit instead of the arena (a gigabyte
+        # at serving shapes). A poison that is a number could equal some unit's first element of
+        # ground truth: then the whole arena.
+        starts = tb.model.probes.layout.unit_starts()
+        self._firsts = (torch.cat([torch.arange(r.start, r.stop, r.step, device=device) for r in starts])
+                        if math.isnan(tb.scenario.poison) else None)
+        self.poison_graph: Graph | None = None
+        self.look_graph: Graph | None = None
+
+    def capture(self) -> None:
+        """Capture the poisoning and the look, where they can be (nothing may be pending)."""
+        tb, dev = self.tb, self.tb.dev
+        with dev.stream(tb.forward), dev.harness_work():
+            if tb.hazard.prepares_on_device:
+                self.poison_graph = dev.capture(self._poison)
+            if tb.model.backup is None:
+                # Warmed up here, once, so that the cursor never runs past the batch's rows.
+                self._look()
+                self._restart()
+                self.look_graph = dev.capture(self._look, warmup=0)
+        self._restart()
+
+    def _poison(self) -> None:
+        tb = self.tb
+        tb.hazard.prepare(tb.bed)
+        arena, value, firsts = tb.model.probes.arena, tb.scenario.poison, self._firsts
+        if firsts is None:
+            tb.dev.launch(lambda: arena.fill_(value), what="poison probes")
+        else:
+            tb.dev.launch(lambda: arena.index_fill_(0, firsts, value), what="poison probes")
+
+    def _look(self) -> None:
+        self.tb.model.collect_final_state()
+        self.tb.dev.launch(self._compare_into_row, what="compare")
+
+    def _compare_into_row(self) -> None:
+        self._compare()
+        self.masks.index_copy_(0, self.cursor, self._mask[None])
+        self.counts.index_copy_(0, self.cursor, self._counts[None])
+        self.cursor.add_(1)
+
+    def _restart(self) -> None:
+        """The next look writes row 0 (enqueued on the forward stream, before any look of the
+        next batch)."""
+        self.rows = 0
+        tb = self.tb
+        with tb.dev.stream(tb.forward), tb.dev.harness_work():
+            tb.dev.launch(self.cursor.zero_, what="first row")
 
     def before(self) -> None:
-        tb = self.tb
-        with tb.dev.harness_work():
-            tb.hazard.prepare(tb.bed)
-            arena, value = tb.model.probes.arena, tb.scenario.poison
-            tb.dev.launch(lambda: arena.fill_(value), what="poison probes")
+        dev = self.tb.dev
+        with dev.harness_work():
+            if self.poison_graph is not None and not dev.recording:
+                self.poison_graph.replay()
+            else:
+                self._poison()
 
-    def after(self, row: int) -> None:
-        tb, oracle = self.tb, self.oracle
-        mask, counts = self.masks[row], self.counts[row]
-        with tb.dev.stream(tb.forward), tb.dev.harness_work():
-            tb.dev.join(tb.forward)
-            tb.model.collect_final_state()
-            arena = tb.model.probes.arena
-            tb.dev.launch(lambda: oracle.compare(arena, mask, counts), what="compare")
+    def after(self, row: int, marks: Marks = UNMARKED) -> None:
+        if row != self.rows:
+            raise RuntimeError(f"replay enqueued for row {row} of a batch whose next row is {self.rows}")
+        self.rows += 1
+        tb, dev = self.tb, self.tb.dev
+        with dev.stream(tb.forward), dev.harness_work():
+            dev.join(tb.forward)
+            marks.take(dev, tb.forward, "joined")
+            if self.look_graph is not None and not dev.recording:
+                self.look_graph.replay()
+            else:
+                self._look()
+            marks.take(dev, tb.forward, "looked")
 
     def read(self, rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The first `rows` rows (group counts, and the unit masks when a replay was stale), on the
-        host; after a synchronize."""
-        counts = self.counts[:rows].cpu()
-        return counts, self.masks[:rows].cpu() if counts.any() else None
+        host; after a synchronize. The next batch starts at row 0."""
+        written = int(self.cursor.cpu()[0])
+        if not rows == self.rows == written:
+            raise RuntimeError(f"a batch of {rows} replays enqueued {self.rows} looks that wrote {written} rows: "
+                               "its verdicts would not be each replay's own")
+        # Copies, also where the device's memory is the host's (the simulator): a verdict keeps its
+        # mask row for `slots`, and the next batch writes these rows again.
+        counts = self.counts[:rows].to("cpu", copy=True)
+        masks = self.masks[:rows].to("cpu", copy=True) if counts.any() else None
+        self._restart()
+        return counts, masks
 
 
 class _Unobserved(_Observer):
@@ -229,11 +316,64 @@ class _Unobserved(_Observer):
         self.tb = tb
         self.batch = 1
 
+    def capture(self) -> None:
+        pass
+
     def before(self) -> None:
         pass
 
-    def after(self, row: int) -> None:
+    def after(self, row: int, marks: Marks = UNMARKED) -> None:
         pass
+
+
+@dataclass
+class ReplayTimes:
+    """Where checked replays' device time went, summed over replays (device ms; virtual on the
+    simulator): the harness's poisoning, the load op and the replay (from the load op's start to
+    the forward stream's join with every stream), the harness's look, and the device idle
+    between one replay's look and the next one's poisoning (a host that fell behind, a batch's
+    host synchronisation)."""
+
+    replays: int = 0
+    poison_ms: float = 0.0
+    load_replay_ms: float = 0.0
+    look_ms: float = 0.0
+    idle_ms: float = 0.0
+    load_replay_each_ms: list[float] = field(default_factory=list)
+
+    @property
+    def harness_ms(self) -> float:
+        return self.poison_ms + self.look_ms
+
+
+class Stopwatch:
+    """Marks every checked replay (`Replayer.replays(..., stopwatch=)`): one `Marks` per batch row,
+    recorded again each batch, read after each batch's host synchronisation."""
+
+    def __init__(self) -> None:
+        self.rows: list[Marks] = []
+        self.times = ReplayTimes()
+        self._last_looked: float | None = None
+
+    def marks(self, row: int) -> Marks:
+        while len(self.rows) <= row:
+            self.rows.append(Marks())
+        return self.rows[row]
+
+    def read(self, dev: Device, rows: int) -> None:
+        t = self.times
+        for m in self.rows[:rows]:
+            begin, start, joined, looked = (dev.marker_us(x) for x in (m.begin, m.start, m.joined, m.looked))
+            if begin is None or start is None or joined is None or looked is None:
+                continue  # a device with no timing markers
+            if self._last_looked is not None:
+                t.idle_ms += max(0.0, begin - self._last_looked) / 1e3
+            t.replays += 1
+            t.poison_ms += (start - begin) / 1e3
+            t.load_replay_ms += (joined - start) / 1e3
+            t.load_replay_each_ms.append((joined - start) / 1e3)
+            t.look_ms += (looked - joined) / 1e3
+            self._last_looked = looked
 
 
 class Replayer:
@@ -253,6 +393,7 @@ class Replayer:
         if gate is not None or tb.scenario.pace is Pace.IDLE:
             batch = 1
         self.observer = _Observer(tb, oracle, batch) if oracle is not None else _Unobserved(tb)
+        self.observer.capture()
         self.oracle = oracle
         self.other_load = tb.other_load()
 
@@ -260,23 +401,27 @@ class Replayer:
         """One observed replay (index i; -1 is the traced one) and its verdict."""
         return next(self.replays([i], fault))
 
-    def replays(self, indices: Iterable[int], fault: Fault) -> Iterator[ReplayVerdict]:
+    def replays(self, indices: Iterable[int], fault: Fault, stopwatch: Stopwatch | None = None
+                ) -> Iterator[ReplayVerdict]:
         """Observed replays, in order, a verdict each; enqueued a batch at a time, read with one
-        host synchronisation per batch."""
+        host synchronisation per batch. A `stopwatch` marks each one's device time."""
         assert self.oracle is not None
         pending: list[int] = []
         for i in indices:
-            self.enqueue(i, fault, row=len(pending))
+            row = len(pending)
+            self.enqueue(i, fault, stopwatch.marks(row) if stopwatch else UNMARKED, row=row)
             pending.append(i)
             if len(pending) == self.observer.batch:
-                yield from self._drain(pending)
+                yield from self._drain(pending, stopwatch)
                 pending = []
         if pending:
-            yield from self._drain(pending)
+            yield from self._drain(pending, stopwatch)
 
-    def _drain(self, pending: list[int]) -> Iterator[ReplayVerdict]:
+    def _drain(self, pending: list[int], stopwatch: Stopwatch | None) -> Iterator[ReplayVerdict]:
         self.tb.dev.synchronize(self.timeout_s)  # bounded: a hung replay is an error, not a hang
         self.gating.check(pending[0])  # a gated batch is that one replay
+        if stopwatch is not None:
+            stopwatch.read(self.tb.dev, len(pending))
         counts, masks = self.observer.read(len(pending))
         assert self.oracle is not None
         for row in range(len(pending)):
@@ -294,6 +439,7 @@ class Replayer:
         tb, dev, gating = self.tb, self.tb.dev, self.gating
         plan = FaultPlan(fault, i)
         with dev.stream(tb.forward):
+            marks.take(dev, tb.forward, "begin")
             self.observer.before()
             marks.take(dev, tb.forward, "start")
             op = tb.start_load(plan, gate=gating.on_load) if load else None
@@ -305,7 +451,7 @@ class Replayer:
             gating.after_forward()
             racing = tb.hazard.after_forward(tb.bed, plan, self.other_load, gating.for_hazard)
         gating.open(op, racing)
-        self.observer.after(row)
+        self.observer.after(row, marks)
         tb.counter.set_consumer(-1)  # the batch has run: the load's slots are the scheduler's again
 
     def _fenced(self, i: int, op: LoadOp | None) -> Runner:
