@@ -417,6 +417,12 @@ class GraphCheck:
     def mismatches(self) -> list[str]:
         return [m for g in self.graphs for m in g.mismatches]
 
+    def mismatch_line(self) -> str:
+        """The scenario's error when the op list does not match a graph: one line."""
+        found = self.mismatches
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        return f"the op list recorded for a capture does not match the graph the device holds: {found[0]}{more}"
+
 
 @dataclass
 class GraphSource:
