@@ -474,7 +474,8 @@ def render_summary(doc: dict) -> str:
     blocks = [[f"**fence-harness** · {_cell(headline(doc))}"], _partial_block(doc), _skipped_block(doc),
               _confidence_block(doc),
               _strategy_block(doc),
-              _scenario_block(doc), _graph_block(doc), _pressure_block(doc), _pairs_block(doc), _matrix_block(doc), _bench_block(doc)]
+              _scenario_block(doc), _graph_block(doc), _pressure_block(doc), _pairs_block(doc), _matrix_block(doc),
+              _bench_block(doc)]
     return "\n\n".join("\n".join(b) for b in blocks if b) + "\n"
 
 

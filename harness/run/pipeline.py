@@ -22,8 +22,8 @@ from harness.devices.pressure import Contention, contention
 from harness.model.runners import Runner
 from harness.records.analysis import Finding, find_races
 from harness.records.errors import GraphMismatch, HarnessError
-from harness.records.graph import GraphCheck, check_graphs
 from harness.records.faults import sweep_points
+from harness.records.graph import GraphCheck, check_graphs
 from harness.records.rates import Rate, Until
 from harness.records.scenario import Expect, FaultKind, Scenario
 from harness.records.trace import Span, Trace
