@@ -68,9 +68,10 @@ class Event(abc.ABC):
     @abc.abstractmethod
     def created(self) -> bool:
         """Does the event exist on the device yet? CUDA creates one at its first record, and torch
-        enqueues no wait on one not created yet, eagerly or under capture: such a wait is no op at
-        all (no wait node in a graph, no `Wait` in the op list). An external event is recorded once
-        when it is made (`Device.Event`), unless asked not to be."""
+        enqueues no wait on one not created yet. Under capture such a wait is no op at all (no wait
+        node in the graph, no `Wait` in the op list); eagerly it stays in the op list, where it
+        orders nothing, as a wait on a never-recorded event does. An external event is recorded
+        once when it is made (`Device.Event`), unless asked not to be."""
 
     @abc.abstractmethod
     def record(self, stream: Stream | None = None) -> None:

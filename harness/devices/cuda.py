@@ -53,8 +53,8 @@ class CudaStream(Stream):
         if not dev.recording:
             self.raw.wait_event(raw)  # the hot path
             return
-        if not event.created:
-            return  # torch enqueues nothing on an event CUDA has not created: under capture, no wait node
+        if dev.capturing and not event.created:
+            return  # torch enqueues nothing on an event CUDA has not created: the graph gets no wait node
         dev._note(Wait(self.id, event.id, dev.capturing, event))
         if dev.timing:
             with dev._timed(self, SpanKind.WAIT, f"wait e{event.id}"):

@@ -258,8 +258,8 @@ class SimDevice(Device):
             event.latest = mark
 
     def _wait(self, stream: SimStream, event: SimEvent) -> None:
-        if not event.created:
-            return  # torch enqueues no wait on an event CUDA has not created: under capture, no node
+        if self.capturing and not event.created:
+            return  # torch enqueues no wait on an event CUDA has not created: the graph gets no node
         if self.capturing and not event.external:
             raise CaptureInvalidated(
                 "a plain event was waited on during graph capture "
