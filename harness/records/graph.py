@@ -287,14 +287,13 @@ def check_replays(trace: Trace, models: Mapping[GraphId, GraphModel]) -> list[Gr
 
 def _node_clocks(model: GraphModel, base: Clock, events: Mapping[EventId, Clock]) -> dict[int, Clock]:
     """Each node's clock: the replay stream's at launch, joined with the events its ancestor waits wait on."""
+    waits = {n.id: n.event for n in model.nodes if n.kind is NodeKind.WAIT and n.event is not None}
     out: dict[int, Clock] = {}
     for n in model.order:
         c = dict(base)
-        for a in model.ancestors[n]:
-            node = model.by_id[a]
-            if node.kind is NodeKind.WAIT and node.event is not None:
-                for s, e in events.get(node.event, {}).items():
-                    c[s] = max(c.get(s, e), e)
+        for a in waits.keys() & model.ancestors[n]:
+            for s, e in events.get(waits[a], {}).items():
+                c[s] = max(c.get(s, e), e)
         out[n] = c
     return out
 
