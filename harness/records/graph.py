@@ -53,7 +53,7 @@ from harness.records.trace import (
 )
 
 __all__ = [
-    "NodeKind", "GraphNode", "GraphModel", "GraphFinding", "GraphCheck",
+    "NodeKind", "GraphNode", "GraphModel", "GraphFinding", "GraphCheck", "GraphSummary", "GraphSource",
     "chain_model", "spans_from_frontiers", "check_replays", "compare_record", "check_graphs",
 ]
 
@@ -163,18 +163,26 @@ def spans_from_frontiers(
     `frontiers` has one entry more than there are ops.
     """
     order = _topological(ids, edges)
-    anc = _ancestors(order, edges)
     rank = {n: i for i, n in enumerate(order)}
-
-    def closure(front: Sequence[int]) -> set[int]:
-        s: set[int] = set()
-        for n in front:
-            s.add(n)
-            s |= anc[n]
-        return s
-
-    covers = [closure(f) for f in frontiers]
-    return tuple(tuple(sorted(b - a, key=rank.__getitem__)) for a, b in zip(covers, covers[1:], strict=False))
+    preds: dict[int, list[int]] = {i: [] for i in order}
+    for a, b in edges:
+        preds[b].append(a)
+    # Walk up from each frontier, stopping at what earlier frontiers covered: each node once.
+    covered: set[int] = set()
+    spans: list[tuple[int, ...]] = []
+    for i, front in enumerate(frontiers):
+        new: set[int] = set()
+        stack = list(front)
+        while stack:
+            n = stack.pop()
+            if n in covered or n in new:
+                continue
+            new.add(n)
+            stack.extend(preds[n])
+        covered |= new
+        if i:
+            spans.append(tuple(sorted(new, key=rank.__getitem__)))
+    return tuple(spans)
 
 
 def chain_model(graph: GraphId, body: Sequence[Op], source: str = "sim") -> GraphModel:
@@ -287,12 +295,23 @@ def check_replays(trace: Trace, models: Mapping[GraphId, GraphModel]) -> list[Gr
 
 def _node_clocks(model: GraphModel, base: Clock, events: Mapping[EventId, Clock]) -> dict[int, Clock]:
     """Each node's clock: the replay stream's at launch, joined with the events its ancestor waits wait on."""
-    waits = {n.id: n.event for n in model.nodes if n.kind is NodeKind.WAIT and n.event is not None}
+    # The wait nodes above each node, parents first (a graph holds few of them, so the sets stay small).
+    above: dict[int, frozenset[int]] = {}
+    preds: dict[int, list[int]] = {n: [] for n in model.order}
+    for a, b in model.edges:
+        preds[b].append(a)
     out: dict[int, Clock] = {}
     for n in model.order:
+        waits: set[int] = set()
+        for p in preds[n]:
+            waits |= above[p]
+            node = model.by_id[p]
+            if node.kind is NodeKind.WAIT and node.event is not None:
+                waits.add(node.event)
+        above[n] = frozenset(waits)
         c = dict(base)
-        for a in waits.keys() & model.ancestors[n]:
-            for s, e in events.get(waits[a], {}).items():
+        for event in waits:
+            for s, e in events.get(event, {}).items():
                 c[s] = max(c.get(s, e), e)
         out[n] = c
     return out
