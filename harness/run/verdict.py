@@ -49,11 +49,16 @@ class Verdict:
         if self.error is not None:
             return f"error: {self.error}"
         if self.expect is Expect.CLEAN:
-            return f"a race showed in {' and '.join(e.value for e in self.evidence)}"
+            return f"a race showed in {_listed([e.value for e in self.evidence])}"
         if self.observed is Expect.CLEAN:
             return "no evidence of a race"
         assert self.demanded is not None
         return f"the race showed in {', '.join(e.value for e in self.evidence)}, not in {self.demanded.value}"
+
+
+def _listed(words: list[str]) -> str:
+    """"data", "data and analysis", "data, analysis and graph"."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
 
 
 def decide(scenario: Scenario, stale_replays: int, findings: int, error: str | None = None,
