@@ -99,12 +99,12 @@ def test_repro_unknown_name_suggests_and_exits_2(tiny, capsys):
 
 def test_sim_costs_are_set_from_the_command_line(tiny, tmp_path, capsys):
     # A host launch cost so high that every copy lands before the replay reads it:
-    # the race no longer shows in the data; the analyser still finds it, and the
-    # unfenced scenario still meets its expectation of a race, by that evidence alone.
+    # the race no longer shows in the data; the analyser and the graph check still find it,
+    # and the unfenced scenario still meets its expectation of a race, by that evidence alone.
     args = ["run", str(tiny), "--device", "sim", "--out", str(tmp_path), "--sim-cost", "launch_us=100000"]
     assert main(args) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "tiny-full-none" in ln)
-    assert "observed race (analysis)" in line and "stale     0/" in line
+    assert "observed race (analysis, graph)" in line and "stale     0/" in line
 
 
 @pytest.mark.parametrize("setting", ["nope=1", "launch_us=-1", "launch_us=abc", "launch_us"])

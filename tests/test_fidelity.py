@@ -6,7 +6,7 @@ tests/data/gpu_verdicts.json is the results.json of
         scenarios/fidelity/shared.toml scenarios/mutants/kill_matrix.toml --device cuda
 
 on an H200 (driver, torch and GPU inside). For each scenario in it, the simulator must
-reach the same verdict with the same evidence (data, analysis), find the same stale
+reach the same verdict with the same evidence (data, analysis, graph), find the same stale
 layers on every data race (read stale, and the write-back's host copy), and the analyser
 must report the same findings (by what they mean: kind, regions and the access): it reads
 the op list of a replay, which both devices record from the same capture.
@@ -50,6 +50,10 @@ def _meaning(sentence: str) -> tuple:
     return key
 
 
+def _graph_key(f) -> tuple:
+    return (f.kind.value, f.step, str(as_plain(f.access_region)), str(as_plain(f.copy_region)))
+
+
 def _definition(d: dict) -> dict:
     # Unset optional fields (null) compare equal to fields an older record does not have, at any
     # depth (a fault's `pressure` is null for every other kind).
@@ -78,7 +82,16 @@ def test_simulator_agrees_with_the_gpu(entry):
     r = run_scenario(scenario, SimDevice(), replays=replays)
     assert r.error is None, r.error
     assert r.verdict is not None
-    assert (r.verdict.observed.value, [e.value for e in r.verdict.evidence]) == (entry["observed"], entry["evidence"])
+    evidence = [e.value for e in r.verdict.evidence]
+    if "graph" not in entry:  # a file from before the graph check has no graph evidence to agree on
+        evidence = [e for e in evidence if e != "graph"]
+    assert (r.verdict.observed.value, evidence) == (entry["observed"], entry["evidence"])
+    if entry.get("graph") and r.graph is not None:
+        # The same graph findings by what they mean (kind, step, regions); the GPU's graphs matched its op list.
+        assert entry["graph"]["matched"]
+        assert sorted(_graph_key(f) for f in r.graph.findings) == sorted(
+            (g["kind"], g["step"], str(g["access_region"]), str(g["copy_region"]))
+            for g in entry["graph"]["finding_records"])
     if entry["stale_replays"]:
         assert {str(layer) for layer in r.tally.layer_counts} == set(entry["stale_layers"])
         assert bool(r.tally.final_state_replays) == bool(entry["final_state_stale_replays"])

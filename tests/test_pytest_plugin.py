@@ -69,7 +69,7 @@ def test_scenarios_pass_and_a_missed_expectation_fails_with_its_verdict(pytester
                  "--harness-report", "out", "-rf")
     result.assert_outcomes(passed=3, failed=1)
     result.stdout.fnmatch_lines([
-        "*tiny-wrong: expected clean, observed race (data, analysis): a race showed in data and analysis",
+        "*tiny-wrong: expected clean, observed race (data, analysis, graph): a race showed in data, analysis and graph",
         "*stale 5/5 replays (100.0%), stale layers 0,1",
         "*findings 4",
         "*- * reads *, but nothing orders it after the H2D copy on load*",
@@ -82,7 +82,7 @@ def test_scenarios_pass_and_a_missed_expectation_fails_with_its_verdict(pytester
     assert doc["summary"] == {"scenarios": 4, "met": 3, "errors": 0}
     assert {e["worker"] for e in doc["scenarios"]} == {"main"}
     summary = (pytester.path / "out" / "summary.md").read_text()
-    assert "3/4 met" in summary and "| tiny-wrong ❌ | clean | race (data, analysis) | 100.0% (5/5) |" in summary
+    assert "3/4 met" in summary and "| tiny-wrong ❌ | clean | race (data, analysis, graph) | 100.0% (5/5) |" in summary
     assert (pytester.path / "out" / "report.html").is_file()
 
 

@@ -22,11 +22,12 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-from harness.records.errors import GateUnavailable
+from harness.records.errors import GateUnavailable, GraphUnavailable
+from harness.records.graph import GraphModel, GraphSource
 from harness.records.trace import (
     HostWait,
     HostWrite,
@@ -62,6 +63,15 @@ class Event(abc.ABC):
     id: int
     external: bool  # may be waited on inside a captured graph
     _device: Device
+
+    @property
+    @abc.abstractmethod
+    def created(self) -> bool:
+        """Does the event exist on the device yet? CUDA creates one at its first record, and torch
+        enqueues no wait on one not created yet. Under capture such a wait is no op at all (no wait
+        node in the graph, no `Wait` in the op list); eagerly it stays in the op list, where it
+        orders nothing, as a wait on a never-recorded event does. An external event is recorded
+        once when it is made (`Device.Event`), unless asked not to be."""
 
     @abc.abstractmethod
     def record(self, stream: Stream | None = None) -> None:
@@ -119,6 +129,14 @@ class Graph(abc.ABC):
     def replay(self) -> None:
         """Enqueue the captured work on the current stream. No Python runs in it."""
 
+    @abc.abstractmethod
+    def model(self) -> GraphModel:
+        """The graph the device runs, by its own nodes and edges (`harness.records.graph`); raises
+        GraphUnavailable where it cannot be read."""
+
+
+_G = TypeVar("_G", bound=Graph)
+
 
 @dataclass
 class _Capture:
@@ -143,6 +161,8 @@ class Device(abc.ABC):
         # join()'s events, one per stream it waits for: recorded again at every join (a wait
         # orders after the record before it), so a replay's look allocates nothing.
         self._join_events: weakref.WeakKeyDictionary[Stream, Event] = weakref.WeakKeyDictionary()
+        # Weak: a graph goes with its runner; the graph check finds a traced replay's graph by id.
+        self._graphs: weakref.WeakValueDictionary[int, Graph] = weakref.WeakValueDictionary()
 
     # ---- ids and the op list -------------------------------------------------
     def _new_id(self) -> int:
@@ -231,8 +251,11 @@ class Device(abc.ABC):
         ...
 
     @abc.abstractmethod
-    def Event(self, *, external: bool = False) -> Event:  # noqa: N802
-        ...
+    def Event(self, *, external: bool = False, created: bool = True) -> Event:  # noqa: N802
+        """`external`: may be waited on inside a captured graph (a wait node). `created`: an external
+        event is recorded once now, so that it exists before any capture waits on it; False leaves it
+        as a bare `torch.cuda.Event(external=True)` is until its first record (a wait on it captured
+        before then is dropped: the graph holds no wait node)."""
 
     @abc.abstractmethod
     def current_stream(self) -> _Stream: ...
@@ -348,6 +371,24 @@ class Device(abc.ABC):
     def describe(self) -> dict:
         """Versions and names for reports."""
         return {"device": self.name, "torch": torch.__version__}
+
+    def _captured(self, graph: _G) -> _G:
+        """Keep a new graph findable by its id (for `graph_source`)."""
+        self._graphs[graph.id] = graph
+        return graph
+
+    def graph_source(self, trace: Trace) -> GraphSource:
+        """The models of the graphs `trace` replays, for the graph check (`harness.records.graph`)."""
+        source = GraphSource()
+        for gid in dict.fromkeys(op.graph for op in trace.ops if isinstance(op, Replay)):
+            graph = self._graphs.get(gid)
+            if graph is None:
+                continue
+            try:
+                source.models[gid] = graph.model()
+            except GraphUnavailable as e:
+                source.unavailable = str(e)
+        return source
 
     def _replayed(self, graph: Graph) -> None:
         """Trace a replay of `graph` on the current stream (nothing when not tracing)."""

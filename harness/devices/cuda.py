@@ -18,12 +18,15 @@ import torch
 
 from harness.devices import nvml
 from harness.devices.base import Device, Event, Gate, Graph, Stream, _Capture, _Stream
+from harness.devices.cuda_graph import GraphReader
 from harness.records.errors import (
     DeviceUnavailable,
     GateUnavailable,
+    GraphUnavailable,
     HarnessError,
     ReplayTimeout,
 )
+from harness.records.graph import GraphModel
 from harness.records.trace import (
     Copy,
     CopyToHost,
@@ -50,6 +53,8 @@ class CudaStream(Stream):
         if not dev.recording:
             self.raw.wait_event(raw)  # the hot path
             return
+        if dev.capturing and not event.created:
+            return  # torch enqueues nothing on an event CUDA has not created: the graph gets no wait node
         dev._note(Wait(self.id, event.id, dev.capturing, event))
         if dev.timing:
             with dev._timed(self, SpanKind.WAIT, f"wait e{event.id}"):
@@ -59,17 +64,22 @@ class CudaStream(Stream):
 
 
 class CudaEvent(Event):
-    def __init__(self, device: CudaDevice, external: bool):
+    def __init__(self, device: CudaDevice, external: bool, created: bool = True):
         self._device = device
         self.id = device._new_id()
         self.external = external
         # external=True lets a captured graph wait on an event recorded outside it
         self.raw = torch.cuda.Event(external=True) if external else torch.cuda.Event()
-        if external:
+        if external and created:
             # CUDA creates an event at its first record, and torch enqueues no wait on an
             # event not created yet: a graph captured before anything recorded this one
             # would hold no wait node for it at all. One record here makes it exist.
             self.raw.record()
+        device._events.add(self)
+
+    @property
+    def created(self) -> bool:
+        return bool(self.raw.cuda_event)  # torch's handle stays null until the first record
 
     def record(self, stream: Stream | None = None) -> None:
         dev = self._device
@@ -93,11 +103,28 @@ class CudaEvent(Event):
 
 
 class CudaGraph(Graph):
-    def __init__(self, device: CudaDevice, graph: torch.cuda.CUDAGraph, graph_id: int, body):
+    """`frontiers`: the capture's dependency set before each captured op and at the end (node
+    handles), or None with `why` where the graph cannot be read."""
+
+    def __init__(self, device: CudaDevice, graph: torch.cuda.CUDAGraph, graph_id: int, body,
+                 frontiers: list[tuple[int, ...]] | None, why: str = ""):
         self._device = device
         self.raw = graph
         self.id = graph_id
         self.body = body
+        self._frontiers = frontiers
+        self._why = why
+        self._model: GraphModel | None = None
+
+    def model(self) -> GraphModel:
+        """Read once, on first use: a scenario that never checks its graphs pays nothing."""
+        if self._model is None:
+            if self._frontiers is None:
+                raise GraphUnavailable(self._why)
+            events = {int(e.raw.cuda_event): e.id for e in list(self._device._events) if e.raw.cuda_event}
+            self._model = self._device._graph_reader().read(self.raw.raw_cuda_graph(), self.id,
+                                                            self._frontiers, events)
+        return self._model
 
     def replay(self) -> None:
         dev = self._device
@@ -205,6 +232,9 @@ class CudaDevice(Device):
         # does not make every synchronize poll the streams of all scenarios before it.
         self._streams: weakref.WeakValueDictionary[int, CudaStream] = weakref.WeakValueDictionary()
         self._owned: weakref.WeakSet[CudaStream] = weakref.WeakSet()  # streams work is enqueued on
+        self._events: weakref.WeakSet[CudaEvent] = weakref.WeakSet()  # to name a graph node's event
+        self._reader: GraphReader | None = None
+        self._frontiers: list[tuple[int, ...]] | None = None  # while capturing a graph that can be read
         self.cycles_per_us = self._calibrate_sleep()
         # Timeline markers are timed against this one event (device time, any stream).
         self._epoch = torch.cuda.Event(enable_timing=True)
@@ -226,8 +256,8 @@ class CudaDevice(Device):
         self._owned.add(s)
         return s
 
-    def Event(self, *, external: bool = False) -> CudaEvent:  # noqa: N802
-        return CudaEvent(self, external)
+    def Event(self, *, external: bool = False, created: bool = True) -> CudaEvent:  # noqa: N802
+        return CudaEvent(self, external, created)
 
     def current_stream(self) -> CudaStream:
         return self._wrap(torch.cuda.current_stream(self.torch_device), "default")
@@ -312,19 +342,60 @@ class CudaDevice(Device):
                 fn()
         caller.wait_stream(side)
         torch.cuda.synchronize(self.torch_device)
-        graph = torch.cuda.CUDAGraph()
+        graph, why = self._keepable_graph()
         graph_id = self._new_id()
         self._capture = _Capture(graph_id, [])
+        self._frontiers = [] if not why else None
         try:
             with torch.cuda.graph(graph, stream=side):
                 self._wrap(side, "capture")
                 fn()
+                self._take_frontier()  # after the last op
         finally:
             body, self._capture = self._capture.body, None
+            frontiers, self._frontiers = self._frontiers, None
+        if not why:
+            graph.instantiate()  # now, not at the first replay (a kept graph is instantiated lazily)
         # Captured work does not run, but tools that model streams (PyTorch's CUDA
         # sanitizer) treat it as if it had: order the caller after it, as after warm-up.
         caller.wait_stream(side)
-        return CudaGraph(self, graph, graph_id, body)
+        why = why or self._frontier_why
+        return self._captured(CudaGraph(self, graph, graph_id, body, frontiers, why))
+
+    # ---- reading a captured graph (harness.devices.cuda_graph) ---------------------------
+    _frontier_why = ""
+
+    def _graph_reader(self) -> GraphReader:
+        if self._reader is None:
+            self._reader = GraphReader()  # GraphUnavailable without cuda.bindings
+        return self._reader
+
+    def _keepable_graph(self) -> tuple[torch.cuda.CUDAGraph, str]:
+        """A graph that keeps its cudaGraph_t after capture, so its nodes can be read; or a plain
+        one and why not."""
+        try:
+            self._graph_reader()
+        except GraphUnavailable as e:
+            return torch.cuda.CUDAGraph(), str(e)
+        try:
+            return torch.cuda.CUDAGraph(keep_graph=True), ""
+        except TypeError:
+            return torch.cuda.CUDAGraph(), f"torch {torch.__version__} cannot keep a captured graph (keep_graph)"
+
+    def _take_frontier(self) -> None:
+        """The capture's dependency set now, on the capturing stream: where the next op's nodes begin."""
+        if self._frontiers is None:
+            return
+        try:
+            stream = torch.cuda.current_stream(self.torch_device).cuda_stream
+            self._frontiers.append(self._graph_reader().frontier(stream))
+        except GraphUnavailable as e:
+            self._frontiers, self._frontier_why = None, str(e)
+
+    def _note(self, op) -> None:
+        if self._capture is not None:
+            self._take_frontier()  # before the op's work is enqueued
+        super()._note(op)
 
     def synchronize(self, timeout_s: float = 30.0) -> None:
         """Poll an event on every stream we know, so a stuck replay ends in an error."""

@@ -42,6 +42,7 @@ import torch
 from harness.devices.base import Device, Event, Gate, Graph, Stream, _Capture, _Event, _Stream
 from harness.records.device_settings import SimCosts  # the cost model, torch-free for the CLI's help
 from harness.records.errors import CaptureInvalidated, HarnessError
+from harness.records.graph import GraphModel, chain_model
 from harness.records.trace import (
     Copy,
     CopyToHost,
@@ -94,11 +95,18 @@ class SimStream(Stream):
 class SimEvent(Event):
     _device: SimDevice
 
-    def __init__(self, device: SimDevice, external: bool):
+    def __init__(self, device: SimDevice, external: bool, created: bool = True):
         self._device = device
         self.id = device._new_id()
         self.external = external
-        self.latest: _Mark | None = None  # its latest record; None: never recorded
+        self.latest: _Mark | None = None  # its latest record that has run or is queued; None: none
+        # As on CUDA: an external event is recorded once when made (unless asked not to be); a
+        # record completed at once needs no mark, as a wait on it orders nothing.
+        self._created = external and created
+
+    @property
+    def created(self) -> bool:
+        return self._created
 
     def record(self, stream: Stream | None = None) -> None:
         self._device._record(self, stream or self._device.current_stream())  # type: ignore[arg-type]
@@ -162,6 +170,10 @@ class SimGraph(Graph):
     def replay(self) -> None:
         self._device._replay(self)
 
+    def model(self) -> GraphModel:
+        """A capture on one stream, as the simulator's is: its op list, one node after another."""
+        return chain_model(self.id, self.body, "sim")
+
 
 class SimDevice(Device):
     name = "sim"
@@ -188,8 +200,8 @@ class SimDevice(Device):
         self._name_stream(s)
         return s
 
-    def Event(self, *, external: bool = False) -> SimEvent:  # noqa: N802
-        return SimEvent(self, external)
+    def Event(self, *, external: bool = False, created: bool = True) -> SimEvent:  # noqa: N802
+        return SimEvent(self, external, created)
 
     def current_stream(self) -> SimStream:
         return self._stack[-1]
@@ -235,6 +247,7 @@ class SimDevice(Device):
         return work.start if which == "start" else work.end
 
     def _record(self, event: SimEvent, stream: SimStream) -> None:
+        event._created = True  # CUDA creates an event at its first record, captured or not
         self._note(Record(stream.id, event.id, event))
         mark = _Mark()
 
@@ -245,6 +258,8 @@ class SimDevice(Device):
             event.latest = mark
 
     def _wait(self, stream: SimStream, event: SimEvent) -> None:
+        if self.capturing and not event.created:
+            return  # torch enqueues no wait on an event CUDA has not created: the graph gets no node
         if self.capturing and not event.external:
             raise CaptureInvalidated(
                 "a plain event was waited on during graph capture "
@@ -426,7 +441,7 @@ class SimDevice(Device):
             body, self._capture = self._capture.body, None
         # The caller is ordered after the capture stream's warm-up work, as on CUDA.
         self.current_stream().wait_stream(side)
-        return SimGraph(self, graph_id, body)
+        return self._captured(SimGraph(self, graph_id, body))
 
     def _replay(self, graph: SimGraph) -> None:
         """Enqueue the captured op list on the current stream: no captured Python runs."""

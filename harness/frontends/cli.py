@@ -249,7 +249,8 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     if run.stop:
         return run.partial(device, args.out, section)
     run.console.stop()
-    print("\nkill matrix (evidence: data = stale replays, analysis = happens-before findings):")
+    print("\nkill matrix (evidence: data = stale replays, analysis = happens-before findings, "
+          "graph = the captured graph's own nodes):")
     for row in rows:
         evidence = "+".join(row.evidence) or "-"
         shown = f" (data in {', '.join(row.data_in)}; {', '.join(row.finding_kinds)})" if row.evidence else ""
@@ -313,9 +314,28 @@ def cmd_repro(args: argparse.Namespace) -> int:
     print(f"happens-before findings ({len(r.findings)}):")
     for f in r.findings:
         print(f"  {f.describe()}")
+    _print_graph_check(r)
     print(f"verdict: {r.verdict.describe() if r.verdict else '-'}")
     print(plain_line(r))
     return 0 if r.met else 1
+
+
+def _print_graph_check(r) -> None:
+    """repro: the traced replay's graphs by their own nodes, and the graph check's findings."""
+    g = r.graph
+    if g is None:
+        return
+    if g.unavailable and not g.graphs:
+        print(f"graph check: not run ({g.unavailable})")
+        return
+    for c in g.graphs:
+        if c.steps:
+            steps = ", ".join(f"{what} {n}" for what, n in c.steps)
+            print(f"graph {c.graph} ({c.source}): {c.nodes} nodes, {c.wait_nodes} wait, {c.record_nodes} record; "
+                  f"work nodes per step: {steps}; op list {'matches' if not c.mismatches else 'DIFFERS'}")
+    print(f"graph check findings ({len(g.findings)}):")
+    for f in g.findings:
+        print(f"  {f.describe()}")
 
 
 def _command(args: argparse.Namespace) -> int:

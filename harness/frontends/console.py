@@ -80,7 +80,7 @@ def plain_line(r: ScenarioResult, status: str | None = None, width: int = NAME_W
         return f"{status} {name} expected {_expected(r):12s}  error: {r.error}"
     return (
         f"{status} {name} expected {_expected(r):12s} "
-        f"observed {_observed(r):21s} stale {t.stale_replays:>5d}/{t.replays:<5d} "
+        f"observed {_observed(r):28s} stale {t.stale_replays:>5d}/{t.replays:<5d} "
         f"({t.stale_rate:6.1%}) layers {_layers(r):8s} findings {len(r.findings):3d} "
         f"{rate(r.replays_per_s):>6s} replays/s"
     )

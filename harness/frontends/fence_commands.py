@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from harness.run.pipeline import ScenarioResult
 
 # Kill-matrix mutants whose only defect is the fence: a correct strategy in its place fixes them.
-FENCE_MUTANTS = ("none", "first_event", "wrong_stream", "previous_op")
+FENCE_MUTANTS = ("none", "first_event", "wrong_stream", "previous_op", "layerwise_unrecorded")
 
 
 def race_scenarios() -> list[Scenario]:

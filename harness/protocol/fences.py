@@ -123,8 +123,10 @@ class LayerwiseGraphFence:
     no load pending the waits are on completed events and cost almost nothing.
     """
 
+    created = True  # each event recorded once when made, so a graph captured before any load waits on it
+
     def setup(self, s: FenceSetup) -> None:
-        events = [s.dev.Event(external=True) for _ in range(s.counter.num_layers)]
+        events = [s.dev.Event(external=True, created=self.created) for _ in range(s.counter.num_layers)]
         s.on_layer_loaded(lambda layer: events[layer].record())
         s.add_wait(lambda counter, layer_id, pool: events[layer_id].wait())
 
@@ -163,6 +165,16 @@ def wrong_stream_fence(ctx: FenceContext) -> None:
         ctx.load.wait_event(ctx.op.finish_event)
 
 
+class LayerwiseUnrecordedFence(LayerwiseGraphFence):
+    """Mutant: the first `layerwise_graph`. Its per-layer external events are never recorded
+    before the capture, so CUDA has not created them when the accessors wait on them: torch
+    enqueues no wait, and the graph holds no wait node. The load ops record them later, which
+    no replay sees. Stale on the H200 while the op list said clean; the graph check sees the
+    missing wait nodes without a replay."""
+
+    created = False
+
+
 def previous_op_fence(ctx: FenceContext) -> None:
     """Mutant: a stale consumer index, one behind in the ring of 3 (the previous load op)."""
     c = ctx.counter
@@ -182,4 +194,5 @@ FENCES: dict[str, FenceFn | type] = {
     "first_event": first_event_fence,
     "wrong_stream": wrong_stream_fence,
     "previous_op": previous_op_fence,
+    "layerwise_unrecorded": LayerwiseUnrecordedFence,
 }

@@ -79,6 +79,16 @@ class CaptureInvalidated(HarnessError):
     """
 
 
+class GraphUnavailable(HarnessError):
+    """A captured graph cannot be read here (no cuda.bindings, a torch without `keep_graph`): the
+    graph check says so and checks nothing; it is no scenario's error."""
+
+
+class GraphMismatch(HarnessError):
+    """The op list the harness recorded for a capture differs from the graph the device holds: the
+    analyser's picture of that graph is wrong, so the scenario ends in this error."""
+
+
 class SlotReusedEarly(HarnessError):
     """The ring of load-event sets wrapped onto a set whose last load had not finished."""
 

@@ -84,10 +84,12 @@ class Expect(NamedEnum):
 
 
 class Evidence(NamedEnum):
-    """What can show a race: the data a replay read or wrote, or the happens-before analysis."""
+    """What can show a race: the data a replay read or wrote, the happens-before analysis of the op
+    list, or the check of the captured graph's own nodes and edges."""
 
     DATA = "data"  # a replay read stale data, or left a wrong post-prefill state or output
     ANALYSIS = "analysis"  # the analyser found an unordered copy/access pair in the op list
+    GRAPH = "graph"  # the graph check found a node of a captured graph not ordered after a load (no replay needed)
 
 
 class DType(NamedEnum):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.records.analysis import Finding
+from harness.records.graph import GraphCheck
 from harness.records.plain import as_plain
 from harness.records.rates import LEVEL, METHOD, SEE_CONFIDENCE, Rate
 
@@ -58,6 +59,7 @@ def scenario_entry(r: ScenarioResult) -> dict:
         "findings": [f.describe() for f in r.findings],
         "finding_records": [finding_record(f) for f in r.findings],  # the same, by field, in order
         "finding_kinds": dict(sorted(Counter(f.kind.value for f in r.findings).items())),
+        "graph": graph_entry(r.graph),
         "hazard": r.scenario.hazard.value,
         "engine": _engine(r.scenario.engine),
         "fault_mode": r.fault_mode,
@@ -127,6 +129,27 @@ def finding_record(f: Finding) -> dict:
         "in_replay": f.in_replay,
         "access_first": f.access_first,
         "streams": {"copy": f.copy_stream, "access": f.access_stream},
+    }
+
+
+def graph_entry(g: GraphCheck | None) -> dict | None:
+    """The graph check of the traced replay: each replayed graph counted, its op list compared, and
+    the findings (sentences, then records); None where the scenario ended before it ran."""
+    if g is None:
+        return None
+    return {
+        "unavailable": g.unavailable,
+        "matched": g.matched,
+        "graphs": [{"graph": s.graph, "source": s.source, "nodes": s.nodes, "wait_nodes": s.wait_nodes,
+                    "record_nodes": s.record_nodes, "work_nodes": s.work_nodes,
+                    "steps": [{"step": step, "nodes": n} for step, n in s.steps],
+                    "mismatches": list(s.mismatches)} for s in g.graphs],
+        "findings": [f.describe() for f in g.findings],
+        "finding_records": [{"kind": f.kind.value, "graph": f.graph, "node": f.node, "kernel": f.kernel,
+                             "step": f.step, "access_region": as_plain(f.access_region),
+                             "copy_region": as_plain(f.copy_region), "event": f.event,
+                             "streams": {"copy": f.copy_stream, "replay": f.replay_stream}}
+                            for f in g.findings],
     }
 
 

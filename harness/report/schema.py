@@ -16,7 +16,16 @@ A document is one JSON object::
         replays_to_see, replays_to_see_low
                     (optional) replays that see a race of the stale rate (of the interval's lower
                     bound) at least once with 99% confidence; null where that rate is 0
-        evidence    (optional: older files lack it) what showed the race: ["data", "analysis"]
+        evidence    (optional: older files lack it) what showed the race: ["data", "analysis", "graph"]
+        graph       (optional: older files lack it; null when the scenario ended before its traced
+                    replay) the graph check of the traced replay's captured graphs, by their own
+                    nodes and edges: {unavailable (why no graph could be read, else null), matched
+                    (the recorded op list matched every graph), graphs [{graph, source "cuda" | "sim",
+                    nodes, wait_nodes, record_nodes, work_nodes, steps [{step, nodes}]: the work nodes
+                    of each pool-touching step, mismatches [sentence]}], findings [sentence],
+                    finding_records [{kind "read-after-write" | "write-after-write", graph, node,
+                    kernel, step, access_region, copy_region, event (the load event; null: none),
+                    streams {copy, replay}}]}
         finding_records
                     (optional: older files lack it) the findings again, one record per sentence and
                     in the same order, by what they mean: {kind: "read-after-write" |
@@ -126,7 +135,7 @@ SCENARIO = {
     "name": STR,
     "expect": OneOf("race", "clean"),
     "observed": Nullable(OneOf("race", "clean")),
-    "evidence?": [OneOf("data", "analysis")],
+    "evidence?": [OneOf("data", "analysis", "graph")],
     "verdict?": STR,
     "met": BOOL,
     "error": Nullable(STR),
@@ -139,6 +148,18 @@ SCENARIO = {
                           "access_region": REGION, "what": STR, "in_replay": BOOL, "access_first": BOOL,
                           "streams": {"copy": STR, "access": STR}}],
     "timings": {"replays_per_s": NUMBER, "wall_s?": NUMBER, "replay_loop_s?": NUMBER},
+    "graph?": Nullable({
+        "unavailable": Nullable(STR),
+        "matched": BOOL,
+        "graphs": [{"graph": INT, "source": OneOf("cuda", "sim"), "nodes": INT, "wait_nodes": INT,
+                    "record_nodes": INT, "work_nodes": INT, "steps": [{"step": STR, "nodes": INT}],
+                    "mismatches": [STR]}],
+        "findings": [STR],
+        "finding_records": [{"kind": OneOf(RaceKind.READ_AFTER_WRITE.value, RaceKind.WRITE_AFTER_WRITE.value),
+                             "graph": INT, "node": INT, "kernel": STR, "step": STR, "access_region": REGION,
+                             "copy_region": REGION, "event": Nullable(INT),
+                             "streams": {"copy": STR, "replay": STR}}],
+    }),
     "definition?": {"backend?": STR, "fence?": STR, "waits?": BOOL, "accessor?": STR},
     "stale_interval?": [NUMBER],
     "replays_to_see?": Nullable(INT),

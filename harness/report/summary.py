@@ -420,6 +420,39 @@ def _matrix_block(doc: dict) -> list[str]:
                            for m in matrix])
 
 
+GRAPH_CAPTION = ("captured graphs, read from the device by their own nodes and edges (the simulator's are "
+                 "built from its op list): the work nodes of each pool-touching step, in capture order; graph "
+                 "findings: nodes nothing orders after a load; op list: whether the harness's record of the "
+                 "capture matched the graph")
+
+
+def graph_rows(doc: dict) -> list[list]:
+    """One row per replayed graph with pool-touching steps (a full graph; breakable segments have none)."""
+    rows = []
+    for s in doc["scenarios"]:
+        g = s.get("graph")
+        if not g:
+            continue
+        if g.get("unavailable") and not g["graphs"]:
+            rows.append([s["name"], "-", "-", "-", "-", f"not read: {g['unavailable']}", "-", "-"])
+        for c in g["graphs"]:
+            if not c["steps"]:
+                continue
+            rows.append([s["name"], f"{c['graph']} ({c['source']})", c["nodes"], c["wait_nodes"], c["record_nodes"],
+                         " · ".join(str(st["nodes"]) for st in c["steps"]), len(g["findings"]),
+                         "matches" if not c["mismatches"] else f"MISMATCH: {c['mismatches'][0]}"])
+    return rows
+
+
+def _graph_block(doc: dict) -> list[str]:
+    rows = graph_rows(doc)
+    if not rows:
+        return []
+    return [f"**Graph check**: {GRAPH_CAPTION}", "", *_table(
+        ["scenario", "graph", "nodes", "wait nodes", "record nodes", "work nodes per step", "graph findings",
+         "op list"], rows)]
+
+
 def _strategy_block(doc: dict) -> list[str]:
     strategies = doc.get("strategies")
     if not strategy_cells(strategies):
@@ -441,7 +474,8 @@ def render_summary(doc: dict) -> str:
     blocks = [[f"**fence-harness** · {_cell(headline(doc))}"], _partial_block(doc), _skipped_block(doc),
               _confidence_block(doc),
               _strategy_block(doc),
-              _scenario_block(doc), _pressure_block(doc), _pairs_block(doc), _matrix_block(doc), _bench_block(doc)]
+              _scenario_block(doc), _graph_block(doc), _pressure_block(doc), _pairs_block(doc), _matrix_block(doc),
+              _bench_block(doc)]
     return "\n\n".join("\n".join(b) for b in blocks if b) + "\n"
 
 

@@ -21,8 +21,9 @@ from harness.devices.base import Device, Gate
 from harness.devices.pressure import Contention, contention
 from harness.model.runners import Runner
 from harness.records.analysis import Finding, find_races
-from harness.records.errors import HarnessError
+from harness.records.errors import GraphMismatch, HarnessError
 from harness.records.faults import sweep_points
+from harness.records.graph import GraphCheck, check_graphs
 from harness.records.rates import Rate, Until
 from harness.records.scenario import Expect, FaultKind, Scenario
 from harness.records.trace import Span, Trace
@@ -47,6 +48,7 @@ class ScenarioResult:
     replay_s: float = 0.0  # the replay loop alone
     trace: Trace | None = None
     findings: list[Finding] = field(default_factory=list)  # happens-before races in the op list
+    graph: GraphCheck | None = None  # the traced replay's graphs, checked by their own nodes and edges
     fault_mode: str | None = None  # how a gate was built, or what stood in for it
     sweep: list[SweepPoint] = field(default_factory=list)  # per delay point (sweep faults)
     timeline: list[Span] = field(default_factory=list)  # the traced replay's streams in time
@@ -71,7 +73,8 @@ class ScenarioResult:
 
     def seal(self) -> Verdict:
         """Decide the verdict from what was seen (`harness.run.verdict`); call once, at the end."""
-        self.verdict = decide(self.scenario, self.tally.stale_replays, len(self.findings), self.error)
+        graph_findings = len(self.graph.findings) if self.graph is not None else 0
+        self.verdict = decide(self.scenario, self.tally.stale_replays, len(self.findings), self.error, graph_findings)
         return self.verdict
 
     @property
@@ -155,6 +158,11 @@ def run_scenario(
         result.timeline_fault = points[-1][1].describe()
         result.trace = trace
         result.findings = find_races(trace)  # structural: shows whether or not timing did
+        # The graphs the device will run, read from the device (no replay needed): the op list must
+        # match them, or the analysis above was of something else.
+        result.graph = check_graphs(trace, dev.graph_source(trace))
+        if not result.graph.matched:
+            raise GraphMismatch(result.graph.mismatch_line())
         result.timeline = dev.timeline(trace)
         result.clock = dev.clock
         result.timeline_stale_layers = tuple(sorted(traced.layers))

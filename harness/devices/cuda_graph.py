@@ -1,0 +1,125 @@
+"""Read a captured CUDA graph by its own nodes and edges, through cuda-bindings' runtime API.
+
+One path on every torch that can keep a graph (`torch.cuda.CUDAGraph(keep_graph=True)`):
+`raw_cuda_graph()` and cuda-bindings. torch's own `CUDAGraph.get_graph_data()` (2.13 and later)
+makes the same calls but does not say which event a wait or record node is on, which is what
+the check needs, and it needs a 13.1 driver for its tools ids; so it is not used.
+
+- `frontier(stream)`: the capture's dependency set now (`cudaStreamGetCaptureInfo`), as node
+  handles. The device takes it before every captured op and once at the end, and
+  `harness.records.graph.spans_from_frontiers` turns those into the nodes of each op.
+- `read(...)`: nodes (`cudaGraphGetNodes`, `cudaGraphNodeGetType`), events of wait and record
+  nodes (`cudaGraphEventWaitNodeGetEvent`, `cudaGraphEventRecordNodeGetEvent`), kernel names
+  (the driver's `cuGraphKernelNodeGetParams` and `cuFuncGetName`), and edges
+  (`cudaGraphGetEdges`), into a `harness.records.graph.GraphModel`.
+
+The bindings' return tuples changed between CUDA 12 and 13 (an edge-data list was added), so
+results are read by what they hold (the first list, the last count), not by position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from harness.records.errors import GraphUnavailable
+from harness.records.graph import GraphModel, GraphNode, NodeKind, spans_from_frontiers
+
+
+def _bindings() -> tuple[Any, Any]:
+    try:
+        from cuda.bindings import driver, runtime
+    except ImportError:
+        try:
+            from cuda import cuda as driver  # cuda-python before 12.6
+            from cuda import cudart as runtime
+        except ImportError as e:
+            raise GraphUnavailable("cuda.bindings is not importable (pip install cuda-bindings)") from e
+    return runtime, driver
+
+
+class GraphReader:
+    def __init__(self) -> None:
+        self.rt, self.cu = _bindings()
+        rt = self.rt
+        t = rt.cudaGraphNodeType
+        self.kinds = {
+            t.cudaGraphNodeTypeKernel: NodeKind.KERNEL,
+            t.cudaGraphNodeTypeMemcpy: NodeKind.MEMCPY,
+            t.cudaGraphNodeTypeMemset: NodeKind.MEMSET,
+            t.cudaGraphNodeTypeWaitEvent: NodeKind.WAIT,
+            t.cudaGraphNodeTypeEventRecord: NodeKind.RECORD,
+            t.cudaGraphNodeTypeEmpty: NodeKind.EMPTY,
+        }
+        # CUDA 12's bindings name the full query _v2/_v3; 13's plain name is it.
+        self._capture_info = (getattr(rt, "cudaStreamGetCaptureInfo_v3", None)
+                              or getattr(rt, "cudaStreamGetCaptureInfo_v2", None) or rt.cudaStreamGetCaptureInfo)
+
+    def _ok(self, result: Any, call: str) -> tuple:
+        out = result if isinstance(result, tuple) else (result,)
+        if int(out[0]) != 0:  # cudaSuccess
+            raise GraphUnavailable(f"{call} failed: {out[0]}")
+        return out[1:]
+
+    def frontier(self, stream: int) -> tuple[int, ...]:
+        """The handles of the nodes the next work captured on `stream` will depend on."""
+        out = self._ok(self._capture_info(stream), "cudaStreamGetCaptureInfo")
+        deps = next((x for x in out if isinstance(x, list)), None)
+        if deps is None:
+            raise GraphUnavailable("cudaStreamGetCaptureInfo returned no dependency set (cuda-bindings too old)")
+        return tuple(int(d) for d in deps)
+
+    def read(self, graph: int, graph_id: int, frontiers: Sequence[Sequence[int]],
+             events: Mapping[int, int], source: str = "cuda") -> GraphModel:
+        """The graph `graph` (a cudaGraph_t) as a model; `frontiers` (handles, one more than the
+        captured ops) give its spans; `events` maps a CUDA event handle to the harness's id."""
+        rt = self.rt
+        num = int(self._ok(rt.cudaGraphGetNodes(graph, numNodes=0), "cudaGraphGetNodes")[-1])
+        handles = []
+        if num:
+            out = self._ok(rt.cudaGraphGetNodes(graph, numNodes=num), "cudaGraphGetNodes")
+            handles = list(next(x for x in out if isinstance(x, list)))[:num]
+        index = {int(h): i for i, h in enumerate(handles)}
+        nodes = tuple(self._node(i, h, events) for i, h in enumerate(handles))
+        edges = self._edges(graph, index)
+        spans = spans_from_frontiers([n.id for n in nodes], edges,
+                                     [[index[h] for h in f if h in index] for f in frontiers])
+        return GraphModel(graph_id, nodes, edges, spans, source)
+
+    def _node(self, i: int, handle: Any, events: Mapping[int, int]) -> GraphNode:
+        rt = self.rt
+        (raw_kind,) = self._ok(rt.cudaGraphNodeGetType(handle), "cudaGraphNodeGetType")
+        kind = self.kinds.get(raw_kind, NodeKind.OTHER)
+        if kind in (NodeKind.WAIT, NodeKind.RECORD):
+            get = rt.cudaGraphEventWaitNodeGetEvent if kind is NodeKind.WAIT else rt.cudaGraphEventRecordNodeGetEvent
+            (event,) = self._ok(get(handle), "cudaGraph*NodeGetEvent")
+            raw = int(event)
+            return GraphNode(i, kind, f"{kind.value} 0x{raw:x}", events.get(raw))
+        if kind is NodeKind.KERNEL:
+            return GraphNode(i, kind, self._kernel_name(handle))
+        return GraphNode(i, kind, kind.value if kind is not NodeKind.OTHER else str(raw_kind))
+
+    def _kernel_name(self, handle: Any) -> str:
+        """The kernel's function name, as torch's get_graph_data reads it; "kernel" where the driver cannot say."""
+        cu = self.cu
+        try:
+            err, params = cu.cuGraphKernelNodeGetParams(cu.CUgraphNode(init_value=int(handle)))
+            if int(err) != 0 or not int(params.func):
+                return "kernel"
+            err, name = cu.cuFuncGetName(cu.CUfunction(init_value=int(params.func)))
+            if int(err) != 0:
+                return "kernel"
+            return name.decode() if isinstance(name, bytes) else str(name)
+        except (AttributeError, TypeError):  # bindings without cuFuncGetName
+            return "kernel"
+
+    def _edges(self, graph: int, index: Mapping[int, int]) -> tuple[tuple[int, int], ...]:
+        rt = self.rt
+        num = int(self._ok(rt.cudaGraphGetEdges(graph, numEdges=0), "cudaGraphGetEdges")[-1])
+        if not num:
+            return ()
+        out = self._ok(rt.cudaGraphGetEdges(graph, numEdges=num), "cudaGraphGetEdges")
+        lists = [x for x in out if isinstance(x, list)]
+        froms, tos = lists[0][:num], lists[1][:num]
+        return tuple((index[int(a)], index[int(b)]) for a, b in zip(froms, tos, strict=True)
+                     if int(a) in index and int(b) in index)

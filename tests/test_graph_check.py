@@ -1,0 +1,253 @@
+"""The graph check: hand-built graphs (each right one with a broken twin), the op list against the
+graph, the spans a capture's frontiers give, and the simulator's graphs through the pipeline."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from harness.devices.sim import SimDevice, SimGraph
+from harness.records.analysis import RaceKind
+from harness.records.graph import (
+    GraphModel,
+    GraphNode,
+    GraphSource,
+    NodeKind,
+    chain_model,
+    check_graphs,
+    check_replays,
+    compare_record,
+    spans_from_frontiers,
+)
+from harness.records.scenario import Evidence
+from harness.records.trace import Copy, HostSync, Kernel, Record, Region, Replay, Trace, Wait
+from harness.run.pipeline import run_scenario
+from harness.run.scenario_file import SCENARIO_DIR, load_files
+
+LOAD, FWD, CAP = 1, 2, 9
+GRAPH = 50
+E_OLD, E_L0, E_L1 = 100, 101, 102  # an event recorded before the copy, layer 0's and layer 1's load events
+K0 = Region("k", 0, 16, 272)
+K1 = Region("k", 1, 16, 272)
+NAMES = {LOAD: "load", FWD: "forward", CAP: "capture"}
+
+READ_L0 = Kernel(CAP, (K0,), (), "L0 attention")
+BODY = (Wait(CAP, E_L0, in_graph=True), READ_L0)
+
+
+def story(body=BODY, *before) -> Trace:
+    """Layer 0 and 1 loaded on the load stream (each copy followed by its event), then the replay."""
+    ops = [Record(LOAD, E_OLD), Copy(LOAD, K0), Record(LOAD, E_L0), Copy(LOAD, K1), Record(LOAD, E_L1),
+           *before, Replay(FWD, GRAPH, tuple(body))]
+    return Trace(ops=ops, stream_names=dict(NAMES))
+
+
+def graph(nodes, edges, spans) -> GraphModel:
+    return GraphModel(GRAPH, tuple(nodes), tuple(edges), tuple(spans), "cuda")
+
+
+WAIT = GraphNode(0, NodeKind.WAIT, "wait", E_L0)
+KERNEL = GraphNode(1, NodeKind.KERNEL, "attention_kernel")
+RIGHT = graph([WAIT, KERNEL], [(0, 1)], [(0,), (1,)])
+
+
+# ---- the check: a wait node on the load event, reaching the reader ----------------------
+
+
+def test_a_wait_node_on_the_load_event_that_reaches_the_reader_orders_it():
+    assert check_replays(story(), {GRAPH: RIGHT}) == []
+
+
+def test_missing_wait_node_is_found_naming_node_region_and_event():
+    no_wait = graph([KERNEL], [], [(), (1,)])
+    (f,) = check_replays(story(), {GRAPH: no_wait})
+    assert (f.kind, f.node, f.kernel, f.step, f.access_region, f.copy_region, f.event) == (
+        RaceKind.READ_AFTER_WRITE, 1, "attention_kernel", "L0 attention", K0, K0, E_L0)
+    text = f.describe()
+    assert "attention_kernel" in text and "k[L0, slots 16:272]" in text and "wait node on event 101" in text
+
+
+@pytest.mark.parametrize("event", [E_OLD, 999], ids=["recorded-before-the-copy", "never-recorded"])
+def test_wait_node_on_the_wrong_event_is_found(event):
+    wrong = graph([dataclasses.replace(WAIT, event=event), KERNEL], [(0, 1)], [(0,), (1,)])
+    (f,) = check_replays(story(), {GRAPH: wrong})
+    assert f.node == 1 and f.event == E_L0
+
+
+def test_wait_node_not_reaching_the_reader_is_found():
+    apart = graph([WAIT, KERNEL], [], [(0,), (1,)])  # no edge: the kernel may run before the wait
+    (f,) = check_replays(story(), {GRAPH: apart})
+    assert f.node == 1
+
+
+def test_a_later_layer_event_covers_an_earlier_copy_on_the_same_stream():
+    later = graph([dataclasses.replace(WAIT, event=E_L1), KERNEL], [(0, 1)], [(0,), (1,)])
+    assert check_replays(story(), {GRAPH: later}) == []
+
+
+def test_a_wait_on_the_replay_stream_before_the_replay_orders_every_node():
+    no_wait = graph([KERNEL], [], [(), (1,)])
+    assert check_replays(story(BODY, Wait(FWD, E_L1)), {GRAPH: no_wait}) == []
+    # ... but not one on another stream, nor one on an event recorded before the copy
+    assert len(check_replays(story(BODY, Wait(LOAD, E_L1)), {GRAPH: no_wait})) == 1
+    assert len(check_replays(story(BODY, Wait(FWD, E_OLD)), {GRAPH: no_wait})) == 1
+
+
+def test_a_host_sync_before_the_replay_orders_it():
+    no_wait = graph([KERNEL], [], [(), (1,)])
+    assert check_replays(story(BODY, HostSync()), {GRAPH: no_wait}) == []
+
+
+def test_a_write_to_a_loaded_region_is_write_after_write():
+    body = (Wait(CAP, E_L0, in_graph=True), Kernel(CAP, (), (K0,), "L0 mamba"))
+    (f,) = check_replays(story(body), {GRAPH: graph([KERNEL], [], [(), (1,)])})
+    assert f.kind is RaceKind.WRITE_AFTER_WRITE and "writes k[L0" in f.describe()
+
+
+def test_every_node_of_a_step_must_be_ordered():
+    # Two kernels for the step; the wait reaches only the first.
+    second = GraphNode(2, NodeKind.MEMCPY, "memcpy")
+    half = graph([WAIT, KERNEL, second], [(0, 1)], [(0,), (1, 2)])
+    (f,) = check_replays(story(), {GRAPH: half})
+    assert f.node == 2 and f.kernel == "memcpy"
+    joined = graph([WAIT, KERNEL, second], [(0, 1), (1, 2)], [(0,), (1, 2)])
+    assert check_replays(story(), {GRAPH: joined}) == []
+
+
+def test_a_graph_with_no_model_is_not_checked_here():
+    assert check_replays(story(), {}) == []
+
+
+# ---- the op list against the graph ------------------------------------------------------
+
+
+def test_the_record_matches_its_own_chain():
+    assert compare_record(BODY, chain_model(GRAPH, BODY)) == []
+    assert compare_record(BODY, RIGHT) == []
+
+
+def test_a_recorded_wait_the_graph_lacks_is_a_mismatch():
+    # The first layerwise_graph: the op list said the graph waits; the graph held no wait node.
+    (m,) = compare_record(BODY, graph([KERNEL], [], [(), (1,)]))
+    assert "op 0 waits on event 101" in m and "no node" in m
+
+
+def test_a_wait_node_on_another_event_is_a_mismatch():
+    (m,) = compare_record(BODY, graph([dataclasses.replace(WAIT, event=E_L1), KERNEL], [(0, 1)], [(0,), (1,)]))
+    assert "waits on event 101" in m and "wait on event 102" in m
+
+
+def test_a_wait_node_no_op_accounts_for_is_a_mismatch():
+    body = (READ_L0,)
+    stray = graph([WAIT, KERNEL], [(0, 1)], [(1,)])
+    (m,) = compare_record(body, stray)
+    assert "node 0 waits on event 101" in m and "no captured op" in m
+    foreign = graph([dataclasses.replace(WAIT, event=None), KERNEL], [(0, 1)], [(1,)])
+    assert "an event the harness did not make" in compare_record(body, foreign)[0]
+
+
+def test_a_step_with_no_work_node_is_a_mismatch():
+    (m,) = compare_record(BODY, graph([WAIT], [], [(0,), ()]))
+    assert "L0 attention" in m
+
+
+def test_a_count_of_ops_that_differs_is_a_mismatch():
+    assert compare_record(BODY, graph([KERNEL], [], [(1,)]))
+
+
+def test_a_mismatch_fails_the_check_in_one_line():
+    body = BODY
+    check = check_graphs(story(body), GraphSource({GRAPH: graph([KERNEL], [], [(), (1,)])}))
+    assert not check.matched and "\n" not in check.mismatch_line()
+    assert check.graphs[0].steps == (("L0 attention", 1),)
+
+
+# ---- the spans of a capture, from its frontiers ------------------------------------------
+
+
+def test_spans_from_frontiers_take_every_node_an_op_added():
+    # op 0: a wait (0); op 1: two kernels forked and joined (1, 2 -> 3); op 2: none; op 3: one kernel (4)
+    edges = [(0, 1), (0, 2), (1, 3), (2, 3), (3, 4)]
+    frontiers = [(), (0,), (3,), (3,), (4,)]
+    assert spans_from_frontiers(range(5), edges, frontiers) == ((0,), (1, 2, 3), (), (4,))
+
+
+def test_spans_from_frontiers_need_no_order_from_the_driver():
+    # The driver lists nodes in any order; ids are not capture order.
+    edges = [(7, 3), (3, 5)]
+    assert spans_from_frontiers([5, 3, 7], edges, [(), (7,), (5,)]) == ((7,), (3, 5))
+
+
+def test_a_cycle_is_refused():
+    with pytest.raises(ValueError, match="cycle"):
+        spans_from_frontiers([0, 1], [(0, 1), (1, 0)], [(), (1,)])
+
+
+# ---- the simulator: what CUDA does with a wait on an event not created yet ---------------
+
+
+def _capture_wait(created: bool) -> SimGraph:
+    dev = SimDevice()
+    event = dev.Event(external=True, created=created)
+    return dev.capture(lambda: dev.current_stream().wait_event(event), warmup=0)
+
+
+def test_a_captured_wait_on_an_external_event_is_a_wait_node():
+    g = _capture_wait(created=True)
+    assert g.model().count(NodeKind.WAIT) == 1 and isinstance(g.body[0], Wait)
+
+
+def test_a_captured_wait_on_an_event_never_recorded_is_dropped():
+    g = _capture_wait(created=False)
+    assert g.body == () and g.model().count(NodeKind.WAIT) == 0
+
+
+def test_an_event_recorded_once_is_created():
+    dev = SimDevice()
+    event = dev.Event()
+    assert not event.created
+    event.record()
+    assert event.created
+
+
+# ---- the pipeline, on the simulator -----------------------------------------------------
+
+
+def _matrix(name: str):
+    (s,) = [s for s in load_files([SCENARIO_DIR / "mutants" / "kill_matrix.toml"]) if s.name == name]
+    return s
+
+
+def test_the_never_recorded_events_mutant_is_caught_by_the_graph_check():
+    r = run_scenario(_matrix("mutant.layerwise_events_never_recorded"), SimDevice(), replays=2)
+    assert r.error is None and r.met and Evidence.GRAPH in r.seal().evidence
+    assert r.graph is not None and r.graph.matched and r.graph.findings
+    assert all(g.wait_nodes == 0 for g in r.graph.graphs)
+
+
+def test_its_correct_twin_is_clean_with_a_wait_node_per_accessor():
+    r = run_scenario(_matrix("correct.layerwise_graph.gate"), SimDevice(), replays=2)
+    assert r.error is None and r.met and r.graph is not None and not r.graph.findings
+    (g,) = r.graph.graphs
+    assert g.wait_nodes == 6  # AMAM: K and V accessors of each attention layer, one per Mamba layer
+
+
+class _DroppingSim(SimDevice):
+    """A device whose graphs lack the wait nodes its op list records (the old layerwise_graph)."""
+
+    def graph_source(self, trace):
+        source = super().graph_source(trace)
+        for gid, m in source.models.items():
+            keep = tuple(n for n in m.nodes if n.kind is not NodeKind.WAIT)
+            ids = {n.id for n in keep}
+            source.models[gid] = dataclasses.replace(
+                m, nodes=keep, edges=tuple(e for e in m.edges if set(e) <= ids),
+                spans=tuple(tuple(n for n in s if n in ids) for s in m.spans))
+        return source
+
+
+def test_an_op_list_that_does_not_match_its_graph_is_the_scenarios_error():
+    r = run_scenario(_matrix("correct.layerwise_graph.gate"), _DroppingSim(), replays=2)
+    assert r.error is not None and "does not match the graph" in r.error and "\n" not in r.error
+    assert not r.met
