@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from harness.run.pipeline import ScenarioResult
 
 # Kill-matrix mutants whose only defect is the fence: a correct strategy in its place fixes them.
-FENCE_MUTANTS = ("none", "first_event", "wrong_stream", "previous_op")
+FENCE_MUTANTS = ("none", "first_event", "wrong_stream", "previous_op", "value_not_rearmed")
 
 
 def race_scenarios() -> list[Scenario]:
@@ -71,8 +71,13 @@ def cmd_fences(args: argparse.Namespace) -> int:
     from harness.report.results import build_results, write_results
     from harness.run.pipeline import run_scenario
 
+    from harness.run.plugins import Kind, resolve
+
+    chosen = getattr(args, "strategies", None) or list(STRATEGIES)
+    for name in chosen:
+        resolve(Kind.FENCE, name, "--strategy", "strategy")  # one line, exit 2, for a name that is no fence
     dev = open_device(args.device, args.sim_costs)
-    strategies = ["none", *STRATEGIES]
+    strategies = ["none", *dict.fromkeys(n for n in chosen if n != "none")]
     scenarios = race_scenarios()
     print(f"device: {dev.name}  race scenarios: {len(scenarios)}  strategies: {', '.join(strategies)}")
     started, results, cells = time.time(), [], []
@@ -171,6 +176,9 @@ def add_commands(sub) -> None:
 
     f = sub.add_parser("fences", help="every fence strategy against every full-graph race scenario")
     f.add_argument("--replays", type=positive_int, default=None, help="replays per cell (default: the scenario's)")
+    f.add_argument("--strategy", dest="strategies", action="append", metavar="FENCE",
+                   help="a correct strategy to check (repeatable): a registry name or package.module:callable "
+                        "(default: every correct strategy); `none` always runs too")
     common(f)
     b = sub.add_parser("bench", help="end-to-end cost of each fence strategy against max(load, compute)")
     b.add_argument("--points", choices=("sweep", "default"), default="sweep",
