@@ -70,7 +70,6 @@ def cmd_fences(args: argparse.Namespace) -> int:
     from harness.records.plain import as_plain
     from harness.report.results import build_results, write_results
     from harness.run.pipeline import run_scenario
-
     from harness.run.plugins import Kind, resolve
 
     chosen = getattr(args, "strategies", None) or list(STRATEGIES)
@@ -109,28 +108,38 @@ def cmd_fences(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from harness.devices import open_device
+    from harness.records.errors import InputError
     from harness.report.results import build_results, write_results
-    from harness.run.benchmark import ARMS, DEFAULT_POINT, bench_point, sweep
+    from harness.run.benchmark import ARMS, POINT_SETS, arm_parts, bench_point, points_named
     from harness.run.plugins import Kind, resolve
 
     arms = args.arms or list(ARMS)
     for arm in arms:
-        resolve(Kind.FENCE, arm, "--arm", "arm")  # one line, exit 2, for a name that is no fence
+        fence, schedule = arm_parts(arm)
+        resolve(Kind.FENCE, fence, "--arm", "arm")  # one line, exit 2, for a name that is no fence
+        if schedule is not None:
+            resolve(Kind.SCHEDULE, schedule, "--arm", "arm")
+    names = [n.strip() for n in args.points.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POINT_SETS]
+    if unknown or not names:
+        raise InputError("--points", "points", f"unknown point set {', '.join(unknown) or '(none)'}; "
+                         f"valid: {', '.join(POINT_SETS)}, or several joined by commas")
     dev = open_device(args.device, args.sim_costs)
-    points = [DEFAULT_POINT] if args.points == "default" else sweep()
+    points = points_named(names)
     print(f"device: {dev.name}  points: {len(points)}  repeats: {args.repeats} (+{args.warmup} warm-up)")
     started, rows = time.time(), []
     for point in points:
         res = bench_point(dev, point, args.repeats, args.warmup, args.timeout, arms)
         rows += res.rows()
         ld, cp = res.stats["load"], res.stats["compute"]
-        print(f"\n{point.kind} {point.layers} layers, prefix {point.prefix}: load {ld.median_ms:.3f} ms "
-              f"[{ld.p10_ms:.3f}-{ld.p90_ms:.3f}], compute {cp.median_ms:.3f} ms "
-              f"[{cp.p10_ms:.3f}-{cp.p90_ms:.3f}], bound {res.bound_ms:.3f} ms")
-        for arm in arms:
-            st = res.stats[arm]
-            print(f"  {arm:16s} {st.median_ms:8.3f} ms  p10 {st.p10_ms:7.3f}  p90 {st.p90_ms:7.3f}  "
-                  f"x{res.ratio(arm):.2f} of bound  (forward starts at {res.forward_starts[arm].median_ms:.3f} ms)",
+        print(f"\n{point.kind} {point.layers} layers, prefix {point.prefix}, hidden {point.hidden}: "
+              f"load {ld.median_ms:.3f} ms [{ld.p25_ms:.3f}-{ld.p75_ms:.3f}], compute {cp.median_ms:.3f} ms "
+              f"[{cp.p25_ms:.3f}-{cp.p75_ms:.3f}], bound {res.bound_ms:.3f} ms  (median [IQR])")
+        for row in res.rows():
+            unf = (f"x{row['ratio_to_unfenced']:.2f} [{row['ratio_to_unfenced_p25']:.2f}-"
+                   f"{row['ratio_to_unfenced_p75']:.2f}] of none" if "ratio_to_unfenced" in row else "")
+            print(f"  {row['strategy']:30s} {row['median_ms']:8.3f} ms [{row['p25_ms']:.3f}-{row['p75_ms']:.3f}]  "
+                  f"x{row['ratio_to_bound']:.2f} of bound  {unf}  forward starts at {row['forward_start_ms']:.3f} ms",
                   flush=True)
     doc = build_results([], dev.describe(), started, time.time(),
                         {"bench": {"points": rows, "clock": dev.clock}})
@@ -181,13 +190,16 @@ def add_commands(sub) -> None:
                         "(default: every correct strategy); `none` always runs too")
     common(f)
     b = sub.add_parser("bench", help="end-to-end cost of each fence strategy against max(load, compute)")
-    b.add_argument("--points", choices=("sweep", "default"), default="sweep",
-                   help="the whole sweep, or the default point only (8 attention layers, 2,048 tokens)")
+    b.add_argument("--points", default="sweep", metavar="NAME[,NAME...]",
+                   help="named point sets: default (8 attention layers, 2,048 tokens), sweep (512-16,384 "
+                        "tokens, 4-32 layers), layers (8, 32, 80 at 2,048 tokens), prefix (2,048-32,768 at 8 "
+                        "layers), deep (80 layers), hybrid, hidden (4,096), serving (all of it); default: sweep")
     b.add_argument("--repeats", type=positive_int, default=100, help="timed rounds per arm (default 100)")
     b.add_argument("--warmup", type=positive_int, default=10, help="untimed rounds first (default 10)")
     b.add_argument("--arm", dest="arms", action="append", metavar="FENCE",
-                   help="a fence to time (repeatable): a registry name or package.module:callable "
-                        "(default: none and every correct strategy)")
+                   help="a fence to time (repeatable): a registry name or package.module:callable, "
+                        "FENCE+SCHEDULE with a load-back schedule (layerwise_value+captured_load); "
+                        "default: none, every correct strategy, and two arms with captured_load")
     common(b)
 
 
