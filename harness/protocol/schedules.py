@@ -193,17 +193,19 @@ class CapturedLoad:
     records_in_graph = True
 
     def __call__(self, op: LoadOp) -> None:
+        graphs = op.events.__dict__.setdefault("captured_loads", {})
+        # Keyed by the plan's identity, and holding the plan, so the id is never reused for another.
+        entry = graphs.get(id(op.plan))
+        if entry is None:
+            # Captured before the gate is held: a capture synchronizes the device (CUDA), and a held
+            # load stream would keep it waiting for the host that is capturing.
+            entry = graphs[id(op.plan)] = (op.plan, op.dev.capture(lambda: _copy_and_complete(op), warmup=0))
         op.wait_start()
         op.hold()
         pause = sum(op.fault.pause_us(layer, chunk) for layer in range(op.num_layers)
                     for chunk in range(len(op.plan[layer])))
         if pause > 0:
             op.dev.delay(pause)
-        graphs = op.events.__dict__.setdefault("captured_loads", {})
-        # Keyed by the plan's identity, and holding the plan, so the id is never reused for another.
-        entry = graphs.get(id(op.plan))
-        if entry is None:
-            entry = graphs[id(op.plan)] = (op.plan, op.dev.capture(lambda: _copy_and_complete(op), warmup=0))
         entry[1].replay()
 
 
