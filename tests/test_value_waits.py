@@ -255,13 +255,16 @@ def test_the_kill_matrix_holds_the_value_wait_mutants_and_the_new_correct_varian
 
 
 def test_fences_checks_only_the_strategies_asked_for(tmp_path, monkeypatch):
-    small = [race(Fault(FaultKind.GATE)).with_overrides(name="a")]
+    small = [race(Fault(FaultKind.GATE)).with_overrides(name="a"),
+             race(Fault(FaultKind.DELAY, 300.0)).with_overrides(name="b")]
     monkeypatch.setattr("harness.frontends.fence_commands.race_scenarios", lambda: small)
     args = argparse.Namespace(device="sim", sim_costs=[], replays=2, timeout=30.0, out=tmp_path,
-                              strategies=["layerwise_value", "piecewise"])
+                              strategies=["layerwise_value", "piecewise"], fault="gate")
     assert cmd_fences(args) == 0
     cells = json.loads((tmp_path / "results.json").read_text())["strategies"]["cells"]
-    assert [c["strategy"] for c in cells] == ["none", "layerwise_value", "piecewise"] and all(c["ok"] for c in cells)
+    assert [(c["scenario"], c["strategy"]) for c in cells] == [("a", "none"), ("a", "layerwise_value"),
+                                                               ("a", "piecewise")]
+    assert all(c["ok"] for c in cells)
 
 
 # ---- the benchmark ----------------------------------------------------------------------------

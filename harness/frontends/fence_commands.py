@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from harness.frontends.cli_args import device_arguments, out_argument, positive_int
 from harness.frontends.session import write_report
-from harness.records.scenario import Backend, Expect, Scenario
+from harness.records.scenario import Backend, Expect, FaultKind, Scenario
 
 if TYPE_CHECKING:
     from harness.run.pipeline import ScenarioResult
@@ -77,7 +77,8 @@ def cmd_fences(args: argparse.Namespace) -> int:
         resolve(Kind.FENCE, name, "--strategy", "strategy")  # one line, exit 2, for a name that is no fence
     dev = open_device(args.device, args.sim_costs)
     strategies = ["none", *dict.fromkeys(n for n in chosen if n != "none")]
-    scenarios = race_scenarios()
+    fault = getattr(args, "fault", None)
+    scenarios = [s for s in race_scenarios() if fault is None or s.fault.kind.value == fault]
     print(f"device: {dev.name}  race scenarios: {len(scenarios)}  strategies: {', '.join(strategies)}")
     started, results, cells = time.time(), [], []
     for s in scenarios:
@@ -188,6 +189,8 @@ def add_commands(sub) -> None:
     f.add_argument("--strategy", dest="strategies", action="append", metavar="FENCE",
                    help="a correct strategy to check (repeatable): a registry name or package.module:callable "
                         "(default: every correct strategy); `none` always runs too")
+    f.add_argument("--fault", choices=[k.value for k in FaultKind], default=None,
+                   help="only the race scenarios under this fault (gate: the deterministic ones)")
     common(f)
     b = sub.add_parser("bench", help="end-to-end cost of each fence strategy against max(load, compute)")
     b.add_argument("--points", default="sweep", metavar="NAME[,NAME...]",
