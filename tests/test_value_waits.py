@@ -313,3 +313,22 @@ def test_bench_refuses_an_unknown_point_set_in_one_line(tmp_path):
     args.arms = ["none+nowhere"]
     with pytest.raises(InputError, match="unknown schedule"):
         cmd_bench(args)
+
+
+def test_the_report_has_a_panel_per_sweep_axis_of_each_model_and_hidden_size():
+    from harness.report.plots import fence_cost_figure, sweep_panels
+
+    rows = []
+    for point in points_named(["layers", "prefix", "hidden"]):
+        for arm, ms in (("none", 1.0), ("layerwise_value", 1.2)):
+            rows.append({"model": point.kind, "layers": point.layers, "prefix": point.prefix, "hidden": point.hidden,
+                         "strategy": arm, "median_ms": ms, "p25_ms": ms * 0.9, "p75_ms": ms * 1.1, "p10_ms": ms * 0.8,
+                         "p90_ms": ms * 1.2, "ratio_to_bound": ms / 0.9, "load_ms": 0.9, "compute_ms": 0.5})
+    panels = sweep_panels(rows)
+    titles = [(p.kind, p.key) for p in panels]
+    assert ("attention, hidden 1024", "prefix") in titles and ("attention, hidden 1024", "layers") in titles
+    assert ("attention, hidden 4096", "prefix") in titles and ("hybrid, hidden 4096", "prefix") in titles
+    for p in panels:  # a panel holds one sweep: everything but its axis is the same
+        other = "layers" if p.key == "prefix" else "prefix"
+        assert len({(r[other], r["hidden"], r["model"]) for r in p.points}) == 1
+    assert fence_cost_figure({"points": rows}) is not None
