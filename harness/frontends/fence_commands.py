@@ -142,9 +142,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"  {row['strategy']:30s} {row['median_ms']:8.3f} ms [{row['p25_ms']:.3f}-{row['p75_ms']:.3f}]  "
                   f"x{row['ratio_to_bound']:.2f} of bound  {unf}  forward starts at {row['forward_start_ms']:.3f} ms",
                   flush=True)
-    doc = build_results([], dev.describe(), started, time.time(),
-                        {"bench": {"points": rows, "clock": dev.clock}})
-    path = write_results(args.out, doc)
+        # After every point (atomically): a sweep stopped part way still leaves the points it measured.
+        doc = build_results([], dev.describe(), started, time.time(), {"bench": {"points": rows, "clock": dev.clock}})
+        path = write_results(args.out, doc)
     write_report(doc, args.out)
     print(f"\nresults: {path}")
     return 0
