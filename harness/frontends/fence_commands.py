@@ -81,6 +81,8 @@ def cmd_fences(args: argparse.Namespace) -> int:
     scenarios = [s for s in race_scenarios() if fault is None or s.fault.kind.value == fault]
     print(f"device: {dev.name}  race scenarios: {len(scenarios)}  strategies: {', '.join(strategies)}")
     started, results, cells = time.time(), [], []
+    doc = build_results([], dev.describe(), started, time.time(), {"strategies": {"cells": []}})
+    path = write_results(args.out, doc)
     for s in scenarios:
         row = []
         for strategy in strategies:
@@ -94,10 +96,11 @@ def cmd_fences(args: argparse.Namespace) -> int:
             row.append(f"{strategy}={'err' if c.error else f'{c.stale_replays}/{c.replays}'}"
                        f"{'' if c.ok else '!'}")
         print(f"{s.name:38s} " + "  ".join(row), flush=True)
+        # After every scenario (atomically): a check stopped part way still leaves its finished rows.
+        doc = build_results(results, dev.describe(), started, time.time(),
+                            {"strategies": {"cells": [as_plain(c) for c in cells]}})
+        path = write_results(args.out, doc)
     bad = [c for c in cells if not c.ok]
-    doc = build_results(results, dev.describe(), started, time.time(),
-                        {"strategies": {"cells": [as_plain(c) for c in cells]}})
-    path = write_results(args.out, doc)
     write_report(doc, args.out)
     print(f"{len(cells) - len(bad)}/{len(cells)} cells as expected (none caught, every strategy clean); "
           f"results: {path}")
