@@ -307,10 +307,11 @@ def test_a_benchmark_summary_carries_its_numbers():
     text = render_summary(BENCH)
     lines = text.splitlines()
     assert "0/0 met" not in lines[0] and lines[0].endswith("· fence cost of 14 points × 5 arms")
-    assert ("| model | layers | prefix | load ms | compute ms | none (unfenced: wrong) | final_event "
+    assert ("| model | layers | prefix | hidden | load ms | compute ms | none (unfenced: wrong) | final_event "
             "| layerwise_graph | host_sync | eager_fallback |") in lines
-    # Median (p10–p90) and the ratio to the bound, per arm; the sweep's shared point once.
-    assert ("| attention | 8 | 512 | 0.43 | 1.10 | 1.32 (1.29–1.48) ×1.20 | 1.50 (1.49–1.55) ×1.36 "
+    # An older run's points: no hidden size (1,024), median (p10–p90) and the ratio to the bound,
+    # per arm; the sweep's shared point once.
+    assert ("| attention | 8 | 512 | 1024 | 0.43 | 1.10 | 1.32 (1.29–1.48) ×1.20 | 1.50 (1.49–1.55) ×1.36 "
             "| 1.38 (1.35–1.55) ×1.25 | 1.55 (1.53–1.62) ×1.41 | 3.64 (3.23–5.83) ×3.30 |") in lines
     assert sum(line.startswith("| attention | 8 | 2048 |") for line in lines) == 1
     assert len([line for line in lines if line.startswith(("| attention", "| hybrid"))]) == 14

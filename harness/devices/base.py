@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from harness.records.errors import GateUnavailable, GraphUnavailable
+from harness.records.errors import FlagUnavailable, GateUnavailable, GraphUnavailable
 from harness.records.graph import GraphModel, GraphSource
 from harness.records.trace import (
     HostWait,
@@ -119,6 +119,33 @@ class Gate(abc.ABC):
     def close(self) -> None:
         """Open anything still held (nothing may stay blocked after a scenario)."""
         self.release()
+
+
+class Flags(abc.ABC):
+    """A set of 32-bit flags in device memory that streams write and wait on: value waits.
+
+    `write(i, v)` (`cuStreamWriteValue32`) stores v into flag i once all earlier work on the
+    current stream has finished (its copies have landed); `wait(i, v)` (`cuStreamWaitValue32`,
+    GEQ) makes later work on the current stream wait until flag i has reached v
+    (`harness.records.trace.flag_reached`). A wait made during capture is a node of the graph and,
+    unlike a wait on an event, needs no special event: every replay waits on what the flag holds
+    when it gets there. `write_all(v)` stores v into every flag at once (one kernel on CUDA).
+    """
+
+    ids: tuple[int, ...]  # one id per flag, for the op list
+    initial: int
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @abc.abstractmethod
+    def write(self, index: int, value: int) -> None: ...
+
+    @abc.abstractmethod
+    def write_all(self, value: int) -> None: ...
+
+    @abc.abstractmethod
+    def wait(self, index: int, value: int) -> None: ...
 
 
 class Graph(abc.ABC):
@@ -235,6 +262,11 @@ class Device(abc.ABC):
     def gate(self, timeout_s: float) -> Gate:
         """A gate for the load stream; raises GateUnavailable where none can be built."""
         raise GateUnavailable(f"the {self.name} device has no gate")
+
+    # ---- value waits -------------------------------------------------------------
+    def Flags(self, count: int, initial: int) -> Flags:  # noqa: N802 - made like Event()
+        """`count` flags, each holding `initial`; raises FlagUnavailable where none can be built."""
+        raise FlagUnavailable(f"the {self.name} device has no value waits")
 
     def host_wait(self, event: _Event, timeout_s: float) -> bool:
         """Block the host until `event` completes or `timeout_s` passes; True if it completed."""

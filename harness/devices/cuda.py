@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 import torch
 
 from harness.devices import nvml
-from harness.devices.base import Device, Event, Gate, Graph, Stream, _Capture, _Stream
+from harness.devices.base import Device, Event, Flags, Gate, Graph, Stream, _Capture, _Stream
 from harness.devices.cuda_graph import GraphReader
 from harness.records.errors import (
     DeviceUnavailable,
+    FlagUnavailable,
     GateUnavailable,
     GraphUnavailable,
     HarnessError,
@@ -31,6 +32,8 @@ from harness.records.trace import (
     Copy,
     CopyToHost,
     Delay,
+    FlagWait,
+    FlagWrite,
     Hold,
     HostSync,
     Record,
@@ -217,6 +220,65 @@ class CudaGate(Gate):
             self._write(self._target)
 
 
+class CudaFlags(Flags):
+    """Flags in device memory (one int32 tensor), written with `cuStreamWriteValue32` and waited on
+    with `cuStreamWaitValue32` (GEQ), through cuda-bindings. Both are stream memory operations:
+    captured, each is a node of the graph (CUDA 12's batch memop node), so a replay waits on
+    what the flag holds when it gets there. Device memory, not pinned host memory: the device polls
+    it without crossing PCIe. A write is preceded by a memory barrier (the default flag), so what
+    the stream copied before it is visible to whoever sees the flag."""
+
+    def __init__(self, device: CudaDevice, count: int, initial: int):
+        cu = _driver()
+        if cu is None:
+            raise FlagUnavailable("value waits need cuda.bindings (pip install cuda-bindings)")
+        self._cu, self._device = cu, device
+        self.initial = initial
+        self.ids = tuple(device._new_id() for _ in range(count))
+        self.words = torch.full((count,), initial, dtype=torch.int32, device=device.torch_device)
+        base, size = self.words.data_ptr(), self.words.element_size()
+        self._ptrs = [cu.CUdeviceptr(base + i * size) for i in range(count)]
+        self._geq = cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
+        self._barrier = cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
+        self._streams: dict[int, object] = {}  # raw stream handle -> CUstream, built once
+
+    def _cu_stream(self, stream: CudaStream):
+        handle = stream.raw.cuda_stream
+        s = self._streams.get(handle)
+        if s is None:
+            s = self._streams[handle] = self._cu.CUstream(handle)
+        return s
+
+    def _check(self, err, what: str) -> None:
+        if err != self._cu.CUresult.CUDA_SUCCESS:
+            raise FlagUnavailable(f"{what} failed: {err}")
+
+    def write(self, index: int, value: int) -> None:
+        dev = self._device
+        stream = dev.current_stream()
+        if dev.recording:
+            dev._note(FlagWrite(stream.id, (self.ids[index],), value, self))
+        (err,) = self._cu.cuStreamWriteValue32(self._cu_stream(stream), self._ptrs[index], value, self._barrier)
+        self._check(err, "cuStreamWriteValue32")
+
+    def write_all(self, value: int) -> None:
+        dev = self._device
+        if dev.recording:
+            dev._note(FlagWrite(dev.current_stream().id, self.ids, value, self))
+        self.words.fill_(value)  # one kernel on the current stream
+
+    def wait(self, index: int, value: int) -> None:
+        dev = self._device
+        stream = dev.current_stream()
+        if dev.recording:
+            dev._note(FlagWait(stream.id, self.ids[index], value, dev.capturing, self))
+        begin = dev.mark(stream) if dev.timing else None
+        (err,) = self._cu.cuStreamWaitValue32(self._cu_stream(stream), self._ptrs[index], value, self._geq)
+        if dev.timing:
+            dev._span(stream, SpanKind.WAIT, f"wait flag f{self.ids[index]} >= {value}", begin, dev.mark(stream))
+        self._check(err, "cuStreamWaitValue32")
+
+
 class CudaDevice(Device):
     name = "cuda"
     clock = "device"
@@ -258,6 +320,9 @@ class CudaDevice(Device):
 
     def Event(self, *, external: bool = False, created: bool = True) -> CudaEvent:  # noqa: N802
         return CudaEvent(self, external, created)
+
+    def Flags(self, count: int, initial: int) -> CudaFlags:  # noqa: N802
+        return CudaFlags(self, count, initial)
 
     def current_stream(self) -> CudaStream:
         return self._wrap(torch.cuda.current_stream(self.torch_device), "default")

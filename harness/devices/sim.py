@@ -28,6 +28,7 @@ wait on a plain event during capture fails, as CUDA's does
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import heapq
 import math
@@ -39,7 +40,7 @@ from typing import Any
 
 import torch
 
-from harness.devices.base import Device, Event, Gate, Graph, Stream, _Capture, _Event, _Stream
+from harness.devices.base import Device, Event, Flags, Gate, Graph, Stream, _Capture, _Event, _Stream
 from harness.records.device_settings import SimCosts  # the cost model, torch-free for the CLI's help
 from harness.records.errors import CaptureInvalidated, HarnessError
 from harness.records.graph import GraphModel, chain_model
@@ -47,6 +48,8 @@ from harness.records.trace import (
     Copy,
     CopyToHost,
     Delay,
+    FlagWait,
+    FlagWrite,
     Hold,
     HostSync,
     Kernel,
@@ -55,6 +58,7 @@ from harness.records.trace import (
     Region,
     SpanKind,
     Wait,
+    flag_reached,
 )
 
 
@@ -64,6 +68,38 @@ class _Mark:
 
     time: float | None = None  # virtual microseconds; None: not happened yet
 
+    def at(self, earliest: float) -> float | None:
+        """When work that could start at `earliest` may start: once this has happened."""
+        return None if self.time is None else max(earliest, self.time)
+
+
+@dataclass(eq=False)
+class _Flag:
+    """One flag's values in virtual time: (time, order, value) of every write that has run, in
+    time order, from its initial value at the start of time."""
+
+    writes: list[tuple[float, int, int]]
+
+    def value_at(self, t: float) -> int:
+        return self.writes[bisect.bisect_right(self.writes, (t, math.inf)) - 1][2]
+
+
+@dataclass(eq=False)
+class _Reached:
+    """What a value wait waits for: the flag to reach `target` (GEQ, as cuStreamWaitValue32)."""
+
+    flag: _Flag
+    target: int
+
+    def at(self, earliest: float) -> float | None:
+        """The first time from `earliest` on at which the flag holds a value that reaches the target,
+        among the writes that have run; None: not yet (a write still to come may get there)."""
+        writes = self.flag.writes
+        i = bisect.bisect_right(writes, (earliest, math.inf)) - 1
+        if flag_reached(writes[i][2], self.target):
+            return earliest
+        return next((t for t, _, v in writes[i + 1:] if flag_reached(v, self.target)), None)
+
 
 @dataclass(eq=False)
 class _Work:
@@ -72,7 +108,7 @@ class _Work:
     seq: int  # enqueue order: ties in virtual time go to the earlier op
     ready: float  # the host's virtual time at enqueue: the op cannot start before it
     duration: float
-    after: _Mark | None = None  # it starts once this has happened
+    after: _Mark | _Reached | None = None  # it starts once this has happened
     run: Callable[[float], None] | None = None  # its effect, called with its start time
     start: float | None = None  # set once it has run
     end: float | None = None
@@ -161,6 +197,23 @@ class SimGate(Gate):
         self.release()
 
 
+class SimFlags(Flags):
+    def __init__(self, device: SimDevice, count: int, initial: int):
+        self._device = device
+        self.initial = initial
+        self.ids = tuple(device._new_id() for _ in range(count))
+        self.flags = [_Flag([(-math.inf, 0, initial)]) for _ in range(count)]
+
+    def write(self, index: int, value: int) -> None:
+        self._device._flag_write(self, (index,), value)
+
+    def write_all(self, value: int) -> None:
+        self._device._flag_write(self, tuple(range(len(self.ids))), value)
+
+    def wait(self, index: int, value: int) -> None:
+        self._device._flag_wait(self, index, value)
+
+
 class SimGraph(Graph):
     def __init__(self, device: SimDevice, graph_id: int, body: list[Op]):
         self._device = device
@@ -203,6 +256,9 @@ class SimDevice(Device):
     def Event(self, *, external: bool = False, created: bool = True) -> SimEvent:  # noqa: N802
         return SimEvent(self, external, created)
 
+    def Flags(self, count: int, initial: int) -> SimFlags:  # noqa: N802
+        return SimFlags(self, count, initial)
+
     def current_stream(self) -> SimStream:
         return self._stack[-1]
 
@@ -218,7 +274,7 @@ class SimDevice(Device):
     # ---- enqueue ------------------------------------------------------------------
     def _enqueue(
         self, stream: SimStream, duration: float, kind: str, name: str, *,
-        after: _Mark | None = None, run: Callable[[float], None] | None = None, span: bool = True,
+        after: _Mark | _Reached | None = None, run: Callable[[float], None] | None = None, span: bool = True,
     ) -> _Work | None:
         """Queue one op on `stream` at the host's time (or the replay's launch); None when captured."""
         if self.capturing:
@@ -268,6 +324,26 @@ class SimDevice(Device):
         self._note(Wait(stream.id, event.id, self.capturing, event))
         # A wait on a never-recorded event orders nothing, as CUDA completes it at once.
         self._enqueue(stream, 0.0, SpanKind.WAIT, f"wait e{event.id}", after=event.latest)
+
+    def _flag_write(self, flags: SimFlags, which: tuple[int, ...], value: int, stream: SimStream | None = None) -> None:
+        """A value write: the flags change when it runs, after everything earlier on its stream."""
+        stream = stream or self.current_stream()
+        self._note(FlagWrite(stream.id, tuple(flags.ids[i] for i in which), value, (flags, which)))
+
+        def write(t: float) -> None:
+            for i in which:
+                self._seq += 1
+                bisect.insort(flags.flags[i].writes, (t, self._seq, value))
+
+        self._enqueue(stream, 0.0, SpanKind.RECORD, f"write {value} to flags", run=write)
+
+    def _flag_wait(self, flags: SimFlags, index: int, value: int, stream: SimStream | None = None) -> None:
+        """A value wait: later work on the stream starts once the flag has reached `value`. Made during
+        capture, it is a graph node (no external event needed)."""
+        stream = stream or self.current_stream()
+        self._note(FlagWait(stream.id, flags.ids[index], value, self.capturing, (flags, index)))
+        self._enqueue(stream, 0.0, SpanKind.WAIT, f"wait flag f{flags.ids[index]} >= {value}",
+                      after=_Reached(flags.flags[index], value))
 
     def copy_async(self, dst: torch.Tensor, src: torch.Tensor, region: Region, source: Region | None = None) -> None:
         nbytes = src.numel() * src.element_size()
@@ -327,10 +403,10 @@ class SimDevice(Device):
         best: tuple[float, int, SimStream] | None = None
         for s in self._busy:
             w = s.queue[0]
-            after = w.after.time if w.after is not None else 0.0
-            if after is None:
-                continue  # an event not recorded yet, a gate not released
-            start = max(s.free, w.ready, after)
+            earliest = max(s.free, w.ready)
+            start = w.after.at(earliest) if w.after is not None else earliest
+            if start is None:
+                continue  # an event not recorded yet, a gate not released, a flag not reached yet
             if best is None or (start, w.seq) < best[:2]:
                 best = (start, w.seq, s)
         return None if best is None else (best[0], best[2])
@@ -470,6 +546,12 @@ class SimDevice(Device):
                 self._enqueue(stream, 0.0, SpanKind.WAIT, f"wait e{op.event}", after=op.handle.latest)
             elif isinstance(op, Record):
                 self._record(op.handle, stream)
+            elif isinstance(op, FlagWrite):
+                flags, which = op.handle
+                self._flag_write(flags, which, op.value, stream)
+            elif isinstance(op, FlagWait):
+                flags, index = op.handle
+                self._flag_wait(flags, index, op.value, stream)
             else:  # pragma: no cover - a capture holds only stream work
                 raise HarnessError(f"cannot replay captured op {op!r}")
 

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING
 
 from harness.frontends.cli_args import device_arguments, out_argument, positive_int
 from harness.frontends.session import write_report
-from harness.records.scenario import Backend, Expect, Scenario
+from harness.records.scenario import Backend, Expect, FaultKind, Scenario
 
 if TYPE_CHECKING:
     from harness.run.pipeline import ScenarioResult
 
 # Kill-matrix mutants whose only defect is the fence: a correct strategy in its place fixes them.
-FENCE_MUTANTS = ("none", "first_event", "wrong_stream", "previous_op", "layerwise_unrecorded")
+FENCE_MUTANTS = ("none", "first_event", "wrong_stream", "previous_op", "layerwise_unrecorded", "value_not_rearmed")
 
 
 def race_scenarios() -> list[Scenario]:
@@ -70,12 +70,19 @@ def cmd_fences(args: argparse.Namespace) -> int:
     from harness.records.plain import as_plain
     from harness.report.results import build_results, write_results
     from harness.run.pipeline import run_scenario
+    from harness.run.plugins import Kind, resolve
 
+    chosen = getattr(args, "strategies", None) or list(STRATEGIES)
+    for name in chosen:
+        resolve(Kind.FENCE, name, "--strategy", "strategy")  # one line, exit 2, for a name that is no fence
     dev = open_device(args.device, args.sim_costs)
-    strategies = ["none", *STRATEGIES]
-    scenarios = race_scenarios()
+    strategies = ["none", *dict.fromkeys(n for n in chosen if n != "none")]
+    fault = getattr(args, "fault", None)
+    scenarios = [s for s in race_scenarios() if fault is None or s.fault.kind.value == fault]
     print(f"device: {dev.name}  race scenarios: {len(scenarios)}  strategies: {', '.join(strategies)}")
     started, results, cells = time.time(), [], []
+    doc = build_results([], dev.describe(), started, time.time(), {"strategies": {"cells": []}})
+    path = write_results(args.out, doc)
     for s in scenarios:
         row = []
         for strategy in strategies:
@@ -89,10 +96,11 @@ def cmd_fences(args: argparse.Namespace) -> int:
             row.append(f"{strategy}={'err' if c.error else f'{c.stale_replays}/{c.replays}'}"
                        f"{'' if c.ok else '!'}")
         print(f"{s.name:38s} " + "  ".join(row), flush=True)
+        # After every scenario (atomically): a check stopped part way still leaves its finished rows.
+        doc = build_results(results, dev.describe(), started, time.time(),
+                            {"strategies": {"cells": [as_plain(c) for c in cells]}})
+        path = write_results(args.out, doc)
     bad = [c for c in cells if not c.ok]
-    doc = build_results(results, dev.describe(), started, time.time(),
-                        {"strategies": {"cells": [as_plain(c) for c in cells]}})
-    path = write_results(args.out, doc)
     write_report(doc, args.out)
     print(f"{len(cells) - len(bad)}/{len(cells)} cells as expected (none caught, every strategy clean); "
           f"results: {path}")
@@ -104,32 +112,42 @@ def cmd_fences(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from harness.devices import open_device
+    from harness.records.errors import InputError
     from harness.report.results import build_results, write_results
-    from harness.run.benchmark import ARMS, DEFAULT_POINT, bench_point, sweep
+    from harness.run.benchmark import ARMS, POINT_SETS, arm_parts, bench_point, points_named
     from harness.run.plugins import Kind, resolve
 
     arms = args.arms or list(ARMS)
     for arm in arms:
-        resolve(Kind.FENCE, arm, "--arm", "arm")  # one line, exit 2, for a name that is no fence
+        fence, schedule = arm_parts(arm)
+        resolve(Kind.FENCE, fence, "--arm", "arm")  # one line, exit 2, for a name that is no fence
+        if schedule is not None:
+            resolve(Kind.SCHEDULE, schedule, "--arm", "arm")
+    names = [n.strip() for n in args.points.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POINT_SETS]
+    if unknown or not names:
+        raise InputError("--points", "points", f"unknown point set {', '.join(unknown) or '(none)'}; "
+                         f"valid: {', '.join(POINT_SETS)}, or several joined by commas")
     dev = open_device(args.device, args.sim_costs)
-    points = [DEFAULT_POINT] if args.points == "default" else sweep()
+    points = points_named(names)
     print(f"device: {dev.name}  points: {len(points)}  repeats: {args.repeats} (+{args.warmup} warm-up)")
     started, rows = time.time(), []
     for point in points:
         res = bench_point(dev, point, args.repeats, args.warmup, args.timeout, arms)
         rows += res.rows()
         ld, cp = res.stats["load"], res.stats["compute"]
-        print(f"\n{point.kind} {point.layers} layers, prefix {point.prefix}: load {ld.median_ms:.3f} ms "
-              f"[{ld.p10_ms:.3f}-{ld.p90_ms:.3f}], compute {cp.median_ms:.3f} ms "
-              f"[{cp.p10_ms:.3f}-{cp.p90_ms:.3f}], bound {res.bound_ms:.3f} ms")
-        for arm in arms:
-            st = res.stats[arm]
-            print(f"  {arm:16s} {st.median_ms:8.3f} ms  p10 {st.p10_ms:7.3f}  p90 {st.p90_ms:7.3f}  "
-                  f"x{res.ratio(arm):.2f} of bound  (forward starts at {res.forward_starts[arm].median_ms:.3f} ms)",
+        print(f"\n{point.kind} {point.layers} layers, prefix {point.prefix}, hidden {point.hidden}: "
+              f"load {ld.median_ms:.3f} ms [{ld.p25_ms:.3f}-{ld.p75_ms:.3f}], compute {cp.median_ms:.3f} ms "
+              f"[{cp.p25_ms:.3f}-{cp.p75_ms:.3f}], bound {res.bound_ms:.3f} ms  (median [IQR])")
+        for row in res.rows():
+            unf = (f"x{row['ratio_to_unfenced']:.2f} [{row['ratio_to_unfenced_p25']:.2f}-"
+                   f"{row['ratio_to_unfenced_p75']:.2f}] of none" if "ratio_to_unfenced" in row else "")
+            print(f"  {row['strategy']:30s} {row['median_ms']:8.3f} ms [{row['p25_ms']:.3f}-{row['p75_ms']:.3f}]  "
+                  f"x{row['ratio_to_bound']:.2f} of bound  {unf}  forward starts at {row['forward_start_ms']:.3f} ms",
                   flush=True)
-    doc = build_results([], dev.describe(), started, time.time(),
-                        {"bench": {"points": rows, "clock": dev.clock}})
-    path = write_results(args.out, doc)
+        # After every point (atomically): a sweep stopped part way still leaves the points it measured.
+        doc = build_results([], dev.describe(), started, time.time(), {"bench": {"points": rows, "clock": dev.clock}})
+        path = write_results(args.out, doc)
     write_report(doc, args.out)
     print(f"\nresults: {path}")
     return 0
@@ -173,15 +191,23 @@ def add_commands(sub) -> None:
 
     f = sub.add_parser("fences", help="every fence strategy against every full-graph race scenario")
     f.add_argument("--replays", type=positive_int, default=None, help="replays per cell (default: the scenario's)")
+    f.add_argument("--strategy", dest="strategies", action="append", metavar="FENCE",
+                   help="a correct strategy to check (repeatable): a registry name or package.module:callable "
+                        "(default: every correct strategy); `none` always runs too")
+    f.add_argument("--fault", choices=[k.value for k in FaultKind], default=None,
+                   help="only the race scenarios under this fault (gate: the deterministic ones)")
     common(f)
     b = sub.add_parser("bench", help="end-to-end cost of each fence strategy against max(load, compute)")
-    b.add_argument("--points", choices=("sweep", "default"), default="sweep",
-                   help="the whole sweep, or the default point only (8 attention layers, 2,048 tokens)")
+    b.add_argument("--points", default="sweep", metavar="NAME[,NAME...]",
+                   help="named point sets: default (8 attention layers, 2,048 tokens), sweep (512-16,384 "
+                        "tokens, 4-32 layers), layers (8, 32, 80 at 2,048 tokens), prefix (2,048-32,768 at 8 "
+                        "layers), deep (80 layers), hybrid, hidden (4,096), serving (all of it); default: sweep")
     b.add_argument("--repeats", type=positive_int, default=100, help="timed rounds per arm (default 100)")
     b.add_argument("--warmup", type=positive_int, default=10, help="untimed rounds first (default 10)")
     b.add_argument("--arm", dest="arms", action="append", metavar="FENCE",
-                   help="a fence to time (repeatable): a registry name or package.module:callable "
-                        "(default: none and every correct strategy)")
+                   help="a fence to time (repeatable): a registry name or package.module:callable, "
+                        "FENCE+SCHEDULE with a load-back schedule (layerwise_value+captured_load); "
+                        "default: none, every correct strategy, and two arms with captured_load")
     common(b)
 
 

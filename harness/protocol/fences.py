@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from harness.devices.base import Device, Event, Stream
 from harness.protocol.accessors import AccessorPolicy
 from harness.protocol.loadback import RING
-from harness.protocol.schedules import LayerListener, LoadOp
+from harness.protocol.schedules import LayerListener, LoadOp, LoadStarter
 from harness.records.scenario import Backend
 
 
@@ -81,6 +81,9 @@ class FenceSetup:
                     external event made then becomes a wait node of the graph)
     on_layer_loaded `on_layer_loaded(fn)`: every load op calls `fn(layer)` on the load
                     stream right after it records that layer's event
+    on_load_start   `on_load_start(fn)`: every load op calls `fn()` on the scheduling (forward)
+                    stream before it records its start event: ordered after the previous
+                    batch's forward and before this batch's, and before the op's copies
     """
 
     dev: Device
@@ -91,6 +94,7 @@ class FenceSetup:
     runner: Callable[[Backend], Runner]
     add_wait: Callable[[AccessorPolicy], None]
     on_layer_loaded: Callable[[LayerListener], None]
+    on_load_start: Callable[[LoadStarter], None]
 
 
 FenceFn = Callable[[FenceContext], "Runner | None"]
@@ -132,6 +136,57 @@ class LayerwiseGraphFence:
 
     def __call__(self, ctx: FenceContext) -> None:
         return None  # the waits are inside the graph
+
+
+# A value-wait flag's two values: loaded (what a replay waits for; flags are made so, so a
+# forward with no load pending passes), and armed (not loaded yet).
+LOADED = 1
+ARMED = 0
+
+
+class LayerwiseValueFence:
+    """Per-layer value waits inside the captured graph: flags in device memory, one per layer.
+
+    Every pool accessor waits until its layer's flag is LOADED (`cuStreamWaitValue32`, GEQ); under
+    capture those waits are graph nodes, like `layerwise_graph`'s external-event waits, and a
+    replay waits layer by layer and keeps the load/compute overlap. Every load op re-arms the
+    flags (all ARMED, one write on the scheduling stream before the op's start event, so ordered
+    after the previous batch's forward read them and before this batch's forward, and before
+    the load stream writes any), and its load stream writes each layer's flag LOADED
+    (`cuStreamWriteValue32`) right after that layer's copies and event.
+
+    Why a reset and not a new value per op (a generation counter): a captured wait node compares
+    against a constant fixed at capture, so a graph replayed for every op can only wait for one
+    value; a new value per op would mean updating every wait node of the graph before each replay,
+    on the host's critical path. The flag that holds the previous op's LOADED is what must not
+    release this op's forward: the re-arm, ordered before the forward, is what prevents it (the
+    mutant `value_not_rearmed` drops it).
+    """
+
+    rearm = True
+
+    def setup(self, s: FenceSetup) -> None:
+        flags = s.dev.Flags(s.counter.num_layers, LOADED)
+        if self.rearm:
+            s.on_load_start(lambda: flags.write_all(ARMED))
+        s.on_layer_loaded(lambda layer: flags.write(layer, LOADED))
+        s.add_wait(lambda counter, layer_id, pool: flags.wait(layer_id, LOADED))
+        self.flags = flags
+
+    def __call__(self, ctx: FenceContext) -> None:
+        return None  # the waits are inside the graph
+
+
+class PiecewiseFence:
+    """The downgrade vLLM makes for connectors that load layer by layer (vllm-project/vllm#31057):
+    every batch runs the breakable path (graph pieces, the pool reads eagerly between them, where
+    the accessors' waits fire), whether or not a load is pending: the full graph is never used."""
+
+    def setup(self, s: FenceSetup) -> None:
+        self.pieces = s.runner(Backend.BREAKABLE)
+
+    def __call__(self, ctx: FenceContext) -> Runner:
+        return self.pieces
 
 
 def host_sync_fence(ctx: FenceContext) -> None:
@@ -182,17 +237,27 @@ def previous_op_fence(ctx: FenceContext) -> None:
         c.events[(c.consumer_index - 1) % RING].finish_event.wait(ctx.forward)
 
 
+class ValueNotRearmed(LayerwiseValueFence):
+    """Mutant: the value-wait flags are never re-armed between load ops. Each still holds LOADED
+    from the previous op, so the forward's waits pass at once, before this op's copies land."""
+
+    rearm = False
+
+
 # Correct strategies, in the order reports list them; a class is instantiated per scenario.
-STRATEGIES = ("final_event", "layerwise_graph", "host_sync", "eager_fallback")
+STRATEGIES = ("final_event", "layerwise_graph", "layerwise_value", "host_sync", "eager_fallback", "piecewise")
 
 FENCES: dict[str, FenceFn | type] = {
     "none": no_fence,
     "final_event": final_event_fence,
     "layerwise_graph": LayerwiseGraphFence,
+    "layerwise_value": LayerwiseValueFence,
     "host_sync": host_sync_fence,
     "eager_fallback": EagerFallbackFence,
+    "piecewise": PiecewiseFence,
     "first_event": first_event_fence,
     "wrong_stream": wrong_stream_fence,
     "previous_op": previous_op_fence,
     "layerwise_unrecorded": LayerwiseUnrecordedFence,
+    "value_not_rearmed": ValueNotRearmed,
 }

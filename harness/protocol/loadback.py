@@ -33,10 +33,11 @@ RING = 3  # the engine keeps three event sets: in use, loading, being released
 class LayerLoadingEvent:
     """One load op's events: a start event and one event per layer."""
 
-    def __init__(self, dev: Device, num_layers: int):
+    def __init__(self, dev: Device, num_layers: int, external: bool = False):
         self._dev = dev
         self.num_layers = num_layers
-        self.load_events: list[Event] = [dev.Event() for _ in range(num_layers)]
+        # External where a load op records them inside a captured graph (`CapturedLoad`).
+        self.load_events: list[Event] = [dev.Event(external=external) for _ in range(num_layers)]
         self.start_event: Event = dev.Event()
 
     def complete(self, layer_index: int) -> None:
@@ -54,9 +55,9 @@ class LayerLoadingEvent:
 
 
 class LayerDoneCounter:
-    def __init__(self, dev: Device, num_layers: int):
+    def __init__(self, dev: Device, num_layers: int, external: bool = False):
         self.num_layers = num_layers
-        self.events = [LayerLoadingEvent(dev, num_layers) for _ in range(RING)]
+        self.events = [LayerLoadingEvent(dev, num_layers, external) for _ in range(RING)]
         self.producer_index = -1
         self.consumer_index = -1
 

@@ -25,6 +25,10 @@ from harness.records.scenario import LAYER_KINDS
 
 # Called with a layer index right after that layer's event is recorded (load stream current).
 LayerListener = Callable[[int], None]
+# Called as a load op starts, on the scheduling stream, before its start event is recorded: what
+# it enqueues is ordered after the previous batch's forward and before this one's, and before
+# anything the load stream does for this op (a value-wait fence re-arms its flags here).
+LoadStarter = Callable[[], None]
 
 
 @dataclass
@@ -158,10 +162,67 @@ def no_start_wait(op: LoadOp) -> None:
         op.complete(layer)
 
 
-SCHEDULES: dict[str, Schedule] = {
+def signal_before_copy(op: LoadOp) -> None:
+    """Mutant: each layer's completion (its event, and whatever listens: a value-wait fence's
+    flag) comes before that layer's copies, not after them.
+
+    Under a gate fault the gate sits between layer 0's flag and its copies, so a forward that
+    waits on the flag reads layer 0 while its copy is held.
+    """
+    op.wait_start()
+    for layer in range(op.num_layers):
+        op.complete(layer)
+        op.hold()
+        op.copy_layer(layer)
+
+
+class CapturedLoad:
+    """The whole load op as one captured graph: the host enqueues a start wait, the gate (under a
+    gate fault) and one graph launch, whatever the number of layers, so the forward can start
+    within tens of microseconds instead of after 2-4 enqueues per layer.
+
+    The graph holds, per layer, its copies, its event record and whatever listens (a value-wait
+    fence's flag write, `layerwise_graph`'s external event): the engine's order, layer by layer.
+    It is captured at a ring slot's first load op (one graph per slot and copy plan), so a load
+    op's events must be recordable inside a graph: the counter's events are external
+    (`records_in_graph`). A captured graph cannot change per replay: the fault's pauses are
+    added up and enqueued as one delay before the graph (a per-layer delay fault becomes one
+    delay before layer 0), and a listener's Python runs only when its graph is captured.
+    """
+
+    records_in_graph = True
+
+    def __call__(self, op: LoadOp) -> None:
+        graphs = op.events.__dict__.setdefault("captured_loads", {})
+        # Keyed by the plan's identity, and holding the plan, so the id is never reused for another.
+        entry = graphs.get(id(op.plan))
+        if entry is None:
+            # Captured before the gate is held: a capture synchronizes the device (CUDA), and a held
+            # load stream would keep it waiting for the host that is capturing.
+            entry = graphs[id(op.plan)] = (op.plan, op.dev.capture(lambda: _copy_and_complete(op), warmup=0))
+        op.wait_start()
+        op.hold()
+        pause = sum(op.fault.pause_us(layer, chunk) for layer in range(op.num_layers)
+                    for chunk in range(len(op.plan[layer])))
+        if pause > 0:
+            op.dev.delay(pause)
+        entry[1].replay()
+
+
+def _copy_and_complete(op: LoadOp) -> None:
+    for layer in range(op.num_layers):
+        for copies in op.plan[layer]:
+            for c in copies:
+                op.copy(c)
+        op.complete(layer)
+
+
+SCHEDULES: dict[str, Schedule | type] = {
     "layerwise": layerwise,
+    "captured_load": CapturedLoad,
     "final_event_early": final_event_early,
     "no_start_wait": no_start_wait,
+    "signal_before_copy": signal_before_copy,
 }
 
 
@@ -175,6 +236,7 @@ def start_loading(
     schedule: Schedule = layerwise,
     gate: Gate | None = None,
     listeners: Sequence[LayerListener] = (),
+    starters: Sequence[LoadStarter] = (),
 ) -> LoadOp:
     """Enqueue one load op; returns it (its `index` is the batch's consumer index).
 
@@ -183,6 +245,8 @@ def start_loading(
     """
     index = counter.update_producer()
     events = counter.events[index]
+    for starter in starters:
+        starter()
     events.start_event.record()  # on the scheduling stream
     op = LoadOp(dev, load_stream, events, plan, fault, index, layout, gate, listeners)
     with dev.stream(load_stream):

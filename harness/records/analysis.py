@@ -5,6 +5,13 @@ Ops are walked in the order they were enqueued, with the stream clocks of
 Replay(stream=S, body): the body's ops run as if on S, in order; only body waits
 captured as graph nodes (`in_graph=True`) are honoured. Delay and Hold: nothing.
 
+Value waits: a flag write is stamped like an event record (it carries its stream's clock);
+a wait until the flag reaches a value is ordered after whichever write it may have seen
+(`_FlagWrites.release`): every write of a value that reaches the target that no later
+write already ordered before the waiter has hidden; the waiter gets what all of them have
+in common (a write of the previous load op that nothing re-armed is one of them, and
+orders nothing of this one's copies).
+
 Something stamped (L, e) happens-before work on a stream whose clock C has
 C.get(L, -1) >= e. A pool access unordered with an earlier-enqueued copy to an
 overlapping region is a race (read after write, or write after write), and so
@@ -27,11 +34,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from harness.records.clocks import Stamp, StreamClocks
+from harness.records.clocks import Clock, Stamp, StreamClocks
 from harness.records.trace import (
     Copy,
     CopyToHost,
     Delay,
+    FlagWait,
+    FlagWrite,
     Hold,
     HostSync,
     HostWait,
@@ -44,6 +53,7 @@ from harness.records.trace import (
     StreamId,
     Trace,
     Wait,
+    flag_reached,
 )
 
 __all__ = ["RaceKind", "Finding", "find_races"]
@@ -131,11 +141,55 @@ class _Access:
     in_replay: bool
 
 
+@dataclass(frozen=True)
+class _FlagWrite:
+    stamp: Stamp
+    clock: Clock  # its stream's clock when it was enqueued: what it is ordered after
+    value: int
+
+
+class _FlagWrites:
+    """Every write to one flag, in enqueue order."""
+
+    def __init__(self) -> None:
+        self.writes: list[_FlagWrite] = []
+
+    def release(self, clocks: StreamClocks, sid: StreamId, target: int) -> Clock | None:
+        """The clock a wait on `sid` until the flag reaches `target` is ordered after; None when it
+        is ordered after nothing.
+
+        A write W is hidden from the waiter when a later write X is ordered after W and before the
+        waiter (coherence: the waiter sees X or something later); the flag's initial value (which the
+        op list does not hold, so it may reach anything) is hidden by any write before the waiter.
+        Each write that is not hidden and whose value reaches the target may be the one that
+        released the waiter, so it is ordered only after what all of them are ordered after: the
+        pointwise minimum of their clocks. A wait that no write enqueued so far can release waits
+        for a later one, and gains nothing here.
+        """
+        seen = [w for w in self.writes if clocks.ordered(sid, w.stamp)]
+        if not seen:
+            return None  # the initial value may be what releases it
+        live = [w for w in self.writes if not any(_before(w, x) for x in seen if x is not w)]
+        candidates = [w for w in live if flag_reached(w.value, target)]
+        if not candidates:
+            return None
+        common = dict(candidates[0].clock)
+        for w in candidates[1:]:
+            common = {s: min(e, w.clock[s]) for s, e in common.items() if s in w.clock}
+        return common
+
+
+def _before(x: _FlagWrite, w: _FlagWrite) -> bool:
+    """Is write x ordered before write w (w's clock covers x's stamp)?"""
+    return w.clock.get(x.stamp.stream, -1) >= x.stamp.epoch
+
+
 class _Walker:
     def __init__(self, trace: Trace):
         self.names = trace.stream_names
         self.clocks = StreamClocks()
         self.events: dict[int, dict[StreamId, int]] = {}
+        self.flags: dict[int, _FlagWrites] = {}
         self.copies: list[_Copy] = []  # H2D
         self.backups: list[_Copy] = []  # D2H
         self.accesses: list[_Access] = []  # kernels' reads and writes
@@ -189,6 +243,16 @@ class _Walker:
             if in_replay and not op.in_graph:
                 return  # a Python-level wait: a replay never runs it
             self.clocks.wait(sid, self.events.get(op.event))
+        elif isinstance(op, FlagWrite):
+            stamp, clock = self.clocks.stamp(sid), self.clocks.record(sid)
+            for flag in op.flags:
+                self.flags.setdefault(flag, _FlagWrites()).writes.append(_FlagWrite(stamp, clock, op.value))
+        elif isinstance(op, FlagWait):
+            if in_replay and not op.in_graph:
+                return
+            writes = self.flags.get(op.flag)
+            if writes is not None:
+                self.clocks.wait(sid, writes.release(self.clocks, sid, op.value))
         elif isinstance(op, Copy):
             copy = _Copy(self.clocks.stamp(sid), op.dst, op.source)
             for acc in self.accesses:

@@ -59,6 +59,10 @@ class GateUnavailable(HarnessError):
     """No gate can be built here (the message says why); a long delay stands in for it."""
 
 
+class FlagUnavailable(HarnessError):
+    """Value waits (`Device.Flags`) cannot be built on this device: install cuda-bindings."""
+
+
 class GateTimeout(HarnessError):
     """A gate stayed shut past its timeout; its watchdog opened it."""
 

@@ -21,6 +21,7 @@ StreamId = int
 EventId = int
 GraphId = int
 GateId = int
+FlagId = int
 
 
 class Pool:
@@ -114,6 +115,38 @@ class Wait:
     handle: Any = field(default=None, compare=False, repr=False)  # the device's event
 
 
+def flag_reached(value: int, target: int) -> bool:
+    """Has a flag holding `value` reached `target`? `cuStreamWaitValue32`'s GEQ test, which is
+    cyclic: (int32)(value - target) >= 0, so a counter that wraps past 2**32 still compares."""
+    diff = (value - target) & 0xFFFFFFFF
+    return diff < 0x80000000
+
+
+@dataclass(frozen=True)
+class FlagWrite:
+    """The stream writes `value` into each of `flags` (32-bit words in device or pinned memory)
+    once all its earlier work has finished: `cuStreamWriteValue32` (one per flag), or one kernel
+    that writes them all."""
+
+    stream: StreamId
+    flags: tuple[FlagId, ...]
+    value: int
+    handle: Any = field(default=None, compare=False, repr=False)  # the device's flag set
+
+
+@dataclass(frozen=True)
+class FlagWait:
+    """Later work on the stream waits until `flag` has reached `value` (`flag_reached`):
+    `cuStreamWaitValue32` with GEQ. Captured, it is a graph node, like a wait on an external
+    event, and it waits on whatever the flag holds when the replay gets there."""
+
+    stream: StreamId
+    flag: FlagId
+    value: int
+    in_graph: bool = False
+    handle: Any = field(default=None, compare=False, repr=False)  # the device's flag set
+
+
 @dataclass(frozen=True)
 class Kernel:
     """Device work and the pool regions it reads and writes, as the model announces them.
@@ -168,7 +201,8 @@ class Replay:
     body: tuple[Op, ...] = field(default=())
 
 
-Op = Copy | CopyToHost | HostWrite | Record | Wait | Kernel | Delay | Hold | HostSync | HostWait | Replay
+Op = (Copy | CopyToHost | HostWrite | Record | Wait | FlagWrite | FlagWait | Kernel | Delay | Hold | HostSync
+      | HostWait | Replay)
 
 
 def describe(op: Op, names: dict[StreamId, str], indent: str = "") -> str:
@@ -189,6 +223,12 @@ def describe(op: Op, names: dict[StreamId, str], indent: str = "") -> str:
     if isinstance(op, Wait):
         where = " (graph node)" if op.in_graph else ""
         return f"{indent}{name(op.stream)}: wait event {op.event}{where}"
+    if isinstance(op, FlagWrite):
+        flags = ", ".join(f"f{f}" for f in op.flags)
+        return f"{indent}{name(op.stream)}: write {op.value} to flag {flags}"
+    if isinstance(op, FlagWait):
+        where = " (graph node)" if op.in_graph else ""
+        return f"{indent}{name(op.stream)}: wait until flag f{op.flag} >= {op.value}{where}"
     if isinstance(op, Delay):
         return f"{indent}{name(op.stream)}: delay {op.us:g} us"
     if isinstance(op, Kernel):

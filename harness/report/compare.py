@@ -217,7 +217,7 @@ def _cost_skip(new_doc: dict, baseline_doc: dict) -> str | None:
 
 
 def _bench_key(p: dict) -> tuple:
-    return (p["model"], p["layers"], p["prefix"], p["strategy"])
+    return (p["model"], p["layers"], p["prefix"], p["strategy"], p.get("hidden", 1024))
 
 
 def compare(new_doc: dict, baseline_doc: dict, cost_threshold_pct: float = 10.0) -> Comparison:

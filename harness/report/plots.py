@@ -21,7 +21,15 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from harness.report.summary import WRONG_ARM, arm_label, bench_arms, bench_points, matrix_rows, variant_label
+from harness.report.summary import (
+    DEFAULT_HIDDEN,
+    WRONG_ARM,
+    arm_label,
+    bench_arms,
+    bench_points,
+    matrix_rows,
+    variant_label,
+)
 from harness.report.timeline import stale_marks, stream_order
 
 OUTCOME_COLOURS = {
@@ -205,8 +213,12 @@ def sweep_panels(points: list[dict]) -> list[Panel]:
     point they share belongs to both, and no line joins one sweep to the other.
     """
     panels = []
-    for kind in dict.fromkeys(p["model"] for p in points):
-        mine = [p for p in points if p["model"] == kind]
+    models = dict.fromkeys((p["model"], p.get("hidden", DEFAULT_HIDDEN)) for p in points)
+    several = len({h for _, h in models}) > 1
+    for model, hidden in models:
+        # A model kind at one hidden size is one family of panels; the size is named where it varies.
+        kind = f"{model}, hidden {hidden}" if several else model
+        mine = [p for p in points if p["model"] == model and p.get("hidden", DEFAULT_HIDDEN) == hidden]
         layers = Counter(p["layers"] for p in mine).most_common(1)[0][0]
         prefix = Counter(p["prefix"] for p in mine).most_common(1)[0][0]
         by_prefix = [p for p in mine if p["layers"] == layers]
@@ -249,15 +261,16 @@ def _draw_panel(ax, panel: Panel, arms: list[str], styles: dict[str, LineStyle])
 
 
 def _ratios(points: list[dict]) -> tuple[list[float], list[list[float]]]:
-    """Each point's median over the bound, and its p10-p90 spread scaled from milliseconds onto
-    that ratio, as errorbar's [below, above]."""
+    """Each point's median over the bound, and its IQR (p10-p90 in older runs) scaled from
+    milliseconds onto that ratio, as errorbar's [below, above]."""
     ys, lo, hi = [], [], []
     for p in points:
         ratio = p["ratio_to_bound"]
         scale = ratio / p["median_ms"] if p["median_ms"] else 0.0
+        low, high = (p["p25_ms"], p["p75_ms"]) if "p25_ms" in p else (p["p10_ms"], p["p90_ms"])
         ys.append(ratio)
-        lo.append(max(0.0, ratio - p["p10_ms"] * scale))
-        hi.append(max(0.0, p["p90_ms"] * scale - ratio))
+        lo.append(max(0.0, ratio - low * scale))
+        hi.append(max(0.0, high * scale - ratio))
     return ys, [lo, hi]
 
 
@@ -286,8 +299,8 @@ def fence_cost_figure(bench: dict | None) -> Figure | None:
         for c in range(cols):
             axes[r][c].set_visible((r, c) in used)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=len(arms), fontsize="small")
-    fig.suptitle("End-to-end load-back + prefill over the bound max(load, compute); bars p10–p90",
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(arms), 5), fontsize="small")
+    fig.suptitle("End-to-end load-back + prefill over the bound max(load, compute); bars: IQR",
                  fontsize=11)
     return fig
 

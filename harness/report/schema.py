@@ -66,9 +66,12 @@ A document is one JSON object::
     mutants         (optional) {matrix: [{name, role: "mutant" | "correct", variant, outcome:
                     "killed" | "survived" | "clean" | "flagged" | "error", stale_rate, findings,
                     data_in? ["reads" | "final state" | "host copy" | "output"], finding_kinds? [kind]}]}
-    bench           (optional) {clock, points: [{model, layers, prefix, new, strategy, median_ms,
-                                p10_ms, p90_ms, repeats, ratio_to_bound, load_ms, compute_ms,
-                                forward_start_ms}]}: `fence-harness bench`
+    bench           (optional) {clock, points: [{model, layers, prefix, new, hidden?, strategy, median_ms,
+                                p25_ms?, p75_ms?, p10_ms, p90_ms, repeats, ratio_to_bound,
+                                ratio_to_bound_p25?, ratio_to_bound_p75?, ratio_to_unfenced?,
+                                ratio_to_unfenced_p25?, ratio_to_unfenced_p75?, load_ms, compute_ms,
+                                forward_start_ms, forward_start_p25_ms?, forward_start_p75_ms?}]}:
+                    `fence-harness bench` (an arm is a fence, or FENCE+SCHEDULE)
     checking        (optional) {clock, points: [{shape, device_ms, device_p10_ms, device_p90_ms, replays,
                                 replays_per_s, per_replay_ms, overhead, device_bound_replays_per_s,
                                 stale_replays}]}: `fence-harness checking`

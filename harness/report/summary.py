@@ -21,7 +21,8 @@ STOPPED = {
     "device-lost": "stopped: the device was lost",
 }
 WRONG_ARM = "none"  # the benchmark's and the strategy check's unfenced arm: fast, and wrong
-BENCH_COLUMNS = ["model", "layers", "prefix", "load ms", "compute ms"]  # then one per arm
+BENCH_COLUMNS = ["model", "layers", "prefix", "hidden", "load ms", "compute ms"]  # then one per arm
+DEFAULT_HIDDEN = 1024  # a bench point recorded before points had a hidden size
 
 
 def headline(doc: dict) -> str:
@@ -241,18 +242,21 @@ def _ms(value: float) -> str:
 
 
 def bench_table(bench: dict | None) -> tuple[list[str], list[list]]:
-    """One row per point (model, layers, prefix), one column per arm: "median (p10–p90) ×ratio",
-    the ratio being the median over the bound max(load, compute)."""
+    """One row per point (model, layers, prefix, hidden), one column per arm: "median (p25–p75)
+    ×ratio", the ratio being the median over the bound max(load, compute), then the median of the
+    arm's time over the unfenced graph's, round by round, with its IQR."""
     points = bench_points(bench)
     arms = bench_arms(bench)
     shapes: dict[tuple, dict[str, dict]] = {}
     for p in points:
-        shapes.setdefault((p["model"], p["layers"], p["prefix"]), {})[p["strategy"]] = p
+        shapes.setdefault((p["model"], p["layers"], p["prefix"], p.get("hidden", DEFAULT_HIDDEN)),
+                          {})[p["strategy"]] = p
     rows = []
-    for (model, layers, prefix), by_arm in shapes.items():
+    for (model, layers, prefix, hidden), by_arm in shapes.items():
         first = next(iter(by_arm.values()))
         cells = [_arm_cell(by_arm.get(arm)) for arm in arms]
-        rows.append([model, str(layers), str(prefix), _ms(first["load_ms"]), _ms(first["compute_ms"]), *cells])
+        rows.append([model, str(layers), str(prefix), str(hidden), _ms(first["load_ms"]), _ms(first["compute_ms"]),
+                     *cells])
     return [*BENCH_COLUMNS, *map(arm_label, arms)], rows
 
 
@@ -269,14 +273,22 @@ class ArmCell(NamedTuple):
 def _arm_cell(p: dict | None) -> ArmCell | str:
     if p is None:
         return "-"
-    return ArmCell(f"{_ms(p['median_ms'])} ({_ms(p['p10_ms'])}–{_ms(p['p90_ms'])})", f"×{p['ratio_to_bound']:.2f}")
+    lo, hi = (p["p25_ms"], p["p75_ms"]) if "p25_ms" in p else (p["p10_ms"], p["p90_ms"])
+    ratio = f"×{p['ratio_to_bound']:.2f}"
+    if "ratio_to_unfenced" in p and p["strategy"] != WRONG_ARM:
+        ratio += (f", ×{p['ratio_to_unfenced']:.2f} ({p['ratio_to_unfenced_p25']:.2f}–"
+                  f"{p['ratio_to_unfenced_p75']:.2f}) of {WRONG_ARM}")
+    return ArmCell(f"{_ms(p['median_ms'])} ({_ms(lo)}–{_ms(hi)})", ratio)
 
 
 def bench_caption(bench: dict | None) -> str:
     clock = (bench or {}).get("clock")
     on = f", {clock} clock" if clock else ""
-    return (f"per point and arm, median ms (p10–p90) over the repeats{on}, and × the median over the "
-            f"bound max(load, compute). `{WRONG_ARM}` has no fence: its times are not a correct load-back's.")
+    return (f"per point and arm, median ms (p25–p75, the IQR; p10–p90 in older runs) over the repeats{on}, "
+            f"× the median over the bound max(load, compute), and × the unfenced graph's time, the median "
+            f"(and IQR) of the ratio round by round. `{WRONG_ARM}` has no fence: its times are not a correct "
+            f"load-back's. An arm `FENCE+SCHEDULE` loads with that schedule (`captured_load`: the load op as "
+            f"one captured graph).")
 
 
 def strategy_cells(strategies: dict | None) -> list[dict]:

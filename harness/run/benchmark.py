@@ -1,24 +1,26 @@
 """What each fence costs: load-back plus prefill, end to end, per strategy.
 
-For each point of the sweep (model kind x layers x prefix length) every arm, a
-fence of the registry (or a plugin, named like any fence), gets a testbed of its
-own, set up as a scenario with that fence is, and runs the replay loop of
-`harness.run.replay` with nothing observed. One iteration is timed with markers on
-the forward stream (device events; virtual time on the simulator):
+For each point of a sweep (model kind x layers x prefix length x hidden size) every arm, a
+fence of the registry (or a plugin, named like any fence), optionally with a load-back
+schedule (`FENCE+SCHEDULE`, e.g. `layerwise_value+captured_load`), gets a testbed of its own,
+set up as a scenario with that fence is, and runs the replay loop of `harness.run.replay` with
+nothing observed. One iteration is timed with markers on the forward stream (device events;
+virtual time on the simulator):
 
     mark -> start the load op -> fence -> mark -> forward -> mark -> synchronize
 
-`load` (the load op alone: the fence `load_bound` runs no forward, only a wait on
-the final event) and `compute` (the forward with no load pending) are timed the same
-way; no strategy can beat max(load, compute). Arms run round-robin, warm-up
-first, so drift hits them alike; each reports median and p10 / p90 over the repeats.
+`load` (the load op alone: the fence `load_bound` runs no forward, only a wait on the final
+event) and `compute` (the forward with no load pending) are timed the same way; no strategy
+can beat max(load, compute), the bound. Arms run round-robin, warm-up first, so drift hits
+them alike; each reports its median and quartiles over the repeats, its ratio to the bound
+and, paired repeat by repeat, to the unfenced graph (`none`) of the same round.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from harness.devices.base import Device
 from harness.protocol.fences import STRATEGIES, FenceContext
@@ -34,7 +36,20 @@ from harness.run.replay import Marks, Replayer
 from harness.run.testbed import Testbed
 
 BASELINES = ("load", "compute")
-ARMS = ("none", *STRATEGIES)  # the default arms; any fence name (or plugin) can be one
+UNFENCED = "none"
+# The default arms: the unfenced graph, every correct strategy, and the value waits and the
+# unfenced graph again with the load op enqueued as one captured graph. Any fence name (or
+# plugin), with or without `+SCHEDULE`, can be one.
+ARMS = (UNFENCED, *STRATEGIES, "layerwise_value+captured_load", "none+captured_load")
+
+
+def arm_parts(arm: str) -> tuple[str, str | None]:
+    """An arm's fence and its schedule (None: the scenario's default, `layerwise`)."""
+    fence, plus, schedule = arm.partition("+")
+    return fence, (schedule if plus else None)
+
+
+HEAD_DIM = 128
 
 
 @dataclass(frozen=True)
@@ -43,14 +58,17 @@ class Point:
     layers: int
     prefix: int
     new: int = 32
+    hidden: int = 1024  # MHA, heads of 128
 
     def scenario(self) -> Scenario:
         pattern = "A" * self.layers if self.kind == "attention" else "AM" * (self.layers // 2)
         # Sized so that load and compute are close at the default point (8 layers, 2,048
-        # cached tokens, 32 new): the case where keeping the overlap matters most. On an
-        # H200: load 1.34 ms, compute 1.56 ms (README, "Fence strategies and what they cost").
-        shape = ModelShape(layers=pattern, hidden=1024, heads=8, kv_heads=8, head_dim=128, state=16)
-        return Scenario(f"bench-{self.kind}-{self.layers}L-{self.prefix}", shape,
+        # cached tokens, 32 new, hidden 1,024): the case where keeping the overlap matters most.
+        # On an H200: load 1.34 ms, compute 1.56 ms (README, "Fence strategies and what they cost").
+        heads = self.hidden // HEAD_DIM
+        shape = ModelShape(layers=pattern, hidden=self.hidden, heads=heads, kv_heads=heads, head_dim=HEAD_DIM,
+                           state=16)
+        return Scenario(f"bench-{self.kind}-{self.layers}L-{self.prefix}-h{self.hidden}", shape,
                         (Request(self.prefix, self.new),), Backend.FULL, Expect.CLEAN)
 
 
@@ -58,30 +76,77 @@ DEFAULT_POINT = Point("attention", 8, 2048)
 
 
 def sweep(kinds=("attention", "hybrid"), prefixes=(512, 2048, 8192, 16384),
-          layers=(4, 8, 16, 32)) -> list[Point]:
+          layers=(4, 8, 16, 32), hidden: int = 1024) -> list[Point]:
     """Prefix lengths at 8 layers and layer counts at 2,048 tokens, for each model kind."""
     points = []
     for kind in kinds:
         for p in prefixes:
-            points.append(Point(kind, 8, p))
+            points.append(Point(kind, 8, p, hidden=hidden))
         for n in layers:
             if n != 8:
-                points.append(Point(kind, n, 2048))
+                points.append(Point(kind, n, 2048, hidden=hidden))
     return points
+
+
+# Named sets of points (`fence-harness bench --points NAME[,NAME...]`): serving depth is 8 to 80
+# layers, 2,048 to 32,768 cached tokens, attention and hybrid models, hidden 1,024 and 4,096.
+POINT_SETS: dict[str, Callable[[], list[Point]]] = {
+    "default": lambda: [DEFAULT_POINT],
+    "sweep": sweep,  # the original sweep: 512-16,384 tokens at 8 layers, 4-32 layers at 2,048
+    "layers": lambda: [Point("attention", n, 2048) for n in (8, 32, 80)],
+    "prefix": lambda: [Point("attention", 8, p) for p in (2048, 8192, 32768)],
+    "deep": lambda: [Point("attention", 80, 2048)],
+    "hybrid": lambda: [*(Point("hybrid", n, 2048) for n in (8, 32, 80)),
+                       *(Point("hybrid", 8, p) for p in (8192, 32768))],
+    "hidden": lambda: [Point(kind, 8, 2048, hidden=4096) for kind in ("attention", "hybrid")],
+    "serving": lambda: [*sweep(prefixes=(2048, 8192, 32768), layers=(8, 32, 80)),
+                        *sweep(prefixes=(2048, 8192), layers=(8, 32), hidden=4096)],
+}
+
+
+def points_named(names: Sequence[str]) -> list[Point]:
+    """The points of the named sets, each once, in order (KeyError for an unknown name)."""
+    return list(dict.fromkeys(p for name in names for p in POINT_SETS[name]()))
 
 
 @dataclass(frozen=True)
 class Stats:
+    """Median, quartiles (the IQR) and deciles of a set of samples (given in microseconds, kept in ms)."""
+
     median_ms: float
     p10_ms: float
     p90_ms: float
     n: int
+    p25_ms: float = 0.0
+    p75_ms: float = 0.0
 
     @classmethod
     def of(cls, samples_us: list[float]) -> Stats:
-        xs = sorted(samples_us)
-        q = statistics.quantiles(xs, n=10) if len(xs) >= 2 else [xs[0]] * 9
-        return cls(statistics.median(xs) / 1e3, q[0] / 1e3, q[-1] / 1e3, len(xs))
+        r = Spread.of(samples_us)
+        return cls(r.median / 1e3, r.p10 / 1e3, r.p90 / 1e3, r.n, r.p25 / 1e3, r.p75 / 1e3)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median, quartiles and deciles of plain numbers (ratios)."""
+
+    median: float
+    p25: float
+    p75: float
+    p10: float
+    p90: float
+    n: int
+
+    @classmethod
+    def of(cls, xs: Sequence[float]) -> Spread:
+        xs = sorted(xs)
+        if not xs:
+            return cls(0.0, 0.0, 0.0, 0.0, 0.0, 0)
+        if len(xs) < 2:
+            return cls(xs[0], xs[0], xs[0], xs[0], xs[0], len(xs))
+        q4 = statistics.quantiles(xs, n=4)
+        q10 = statistics.quantiles(xs, n=10)
+        return cls(statistics.median(xs), q4[0], q4[2], q10[0], q10[-1], len(xs))
 
 
 @dataclass(frozen=True)
@@ -89,6 +154,7 @@ class PointResult:
     point: Point
     stats: dict[str, Stats]  # arm or baseline -> its timing
     forward_starts: dict[str, Stats]  # arm -> from the load op's start to where the forward could start
+    unfenced: dict[str, Spread] = field(default_factory=dict)  # arm -> its time over `none`'s, round by round
 
     @property
     def bound_ms(self) -> float:
@@ -99,17 +165,27 @@ class PointResult:
 
     def rows(self) -> list[dict]:
         """One row per strategy, in the results.json `bench.points` shape."""
-        p = self.point
-        return [
-            {"model": p.kind, "layers": p.layers, "prefix": p.prefix, "new": p.new, "strategy": arm,
-             "median_ms": round(s.median_ms, 4), "p10_ms": round(s.p10_ms, 4),
-             "p90_ms": round(s.p90_ms, 4), "repeats": s.n,
-             "ratio_to_bound": round(self.ratio(arm), 3),
-             "load_ms": round(self.stats["load"].median_ms, 4),
-             "compute_ms": round(self.stats["compute"].median_ms, 4),
-             "forward_start_ms": round(self.forward_starts[arm].median_ms, 4)}
-            for arm, s in self.stats.items() if arm not in BASELINES
-        ]
+        p, bound = self.point, self.bound_ms
+        rows = []
+        for arm, s in self.stats.items():
+            if arm in BASELINES:
+                continue
+            fs = self.forward_starts[arm]
+            row = {"model": p.kind, "layers": p.layers, "prefix": p.prefix, "new": p.new, "hidden": p.hidden,
+                   "strategy": arm, "median_ms": round(s.median_ms, 4), "p25_ms": round(s.p25_ms, 4),
+                   "p75_ms": round(s.p75_ms, 4), "p10_ms": round(s.p10_ms, 4), "p90_ms": round(s.p90_ms, 4),
+                   "repeats": s.n, "ratio_to_bound": round(self.ratio(arm), 3),
+                   "ratio_to_bound_p25": round(s.p25_ms / bound, 3), "ratio_to_bound_p75": round(s.p75_ms / bound, 3),
+                   "load_ms": round(self.stats["load"].median_ms, 4),
+                   "compute_ms": round(self.stats["compute"].median_ms, 4),
+                   "forward_start_ms": round(fs.median_ms, 4), "forward_start_p25_ms": round(fs.p25_ms, 4),
+                   "forward_start_p75_ms": round(fs.p75_ms, 4)}
+            u = self.unfenced.get(arm)
+            if u is not None:
+                row.update(ratio_to_unfenced=round(u.median, 3), ratio_to_unfenced_p25=round(u.p25, 3),
+                           ratio_to_unfenced_p75=round(u.p75, 3))
+            rows.append(row)
+        return rows
 
 
 class _LoadOnly:
@@ -138,7 +214,7 @@ class Arm:
 
     def __init__(self, dev: Device, scenario: Scenario, timeout_s: float):
         self.dev = dev
-        tb = Testbed(scenario, dev)
+        tb = Testbed(scenario, dev, timeout_s)
         tb.set_waits(tb.accessor)
         tb.setup_fence()
         self.replay = Replayer(tb, tb.runner(scenario.backend), timeout_s)
@@ -158,7 +234,7 @@ def bench_point(dev: Device, point: Point, repeats: int, warmup: int, timeout_s:
                 arms: Sequence[str] = ARMS) -> PointResult:
     compute = Arm(dev, point.scenario(), timeout_s)
     load = Arm(dev, point.scenario().with_overrides(fence=LOAD_BOUND), timeout_s)
-    runs = {name: Arm(dev, point.scenario().with_overrides(fence=name), timeout_s) for name in arms}
+    runs = {name: Arm(dev, arm_scenario(point, name), timeout_s) for name in arms}
     dev.synchronize(timeout_s)
     samples: dict[str, list[float]] = {n: [] for n in (*BASELINES, *arms)}
     gaps: dict[str, list[float]] = {n: [] for n in arms}
@@ -178,5 +254,16 @@ def bench_point(dev: Device, point: Point, repeats: int, warmup: int, timeout_s:
                 # enqueue of the load op (paid by every strategy, and not part of
                 # max(load, compute)) plus whatever the fence made the forward wait.
                 gaps[name].append(gap)
+    unfenced = {}
+    if UNFENCED in samples:  # paired round by round: drift between rounds cancels
+        base = samples[UNFENCED]
+        unfenced = {n: Spread.of([a / b for a, b in zip(samples[n], base, strict=True) if b > 0]) for n in arms}
     return PointResult(point, {n: Stats.of(xs) for n, xs in samples.items()},
-                       {n: Stats.of(xs) for n, xs in gaps.items()})
+                       {n: Stats.of(xs) for n, xs in gaps.items()}, unfenced)
+
+
+def arm_scenario(point: Point, arm: str) -> Scenario:
+    """The point's scenario with the arm's fence (and schedule, for `FENCE+SCHEDULE`)."""
+    fence, schedule = arm_parts(arm)
+    s = point.scenario().with_overrides(fence=fence)
+    return s.with_overrides(schedule=schedule) if schedule else s

@@ -169,5 +169,6 @@ def _guarded_class(cls: type, spec: str, kind: Kind) -> Callable[[], Any]:
 
 
 def fence_for_scenario(fence: Callable) -> Callable:
-    """The fence one scenario runs: a strategy class (or a plugin's) gets a fresh instance."""
+    """The fence (or schedule) one scenario runs: a strategy class (or a plugin's) gets a fresh
+    instance, so what it keeps (its events, flags or captured graphs) is that scenario's alone."""
     return fence() if inspect.isclass(fence) or getattr(fence, "makes_strategy", False) else fence

@@ -16,7 +16,7 @@ from harness.protocol.hazards import HAZARDS, HazardBed, make_hazard
 from harness.protocol.layout import plan_layout, prefix_regions
 from harness.protocol.loadback import CopyPlan, LayerDoneCounter, plan_copies
 from harness.protocol.pools import HostPool, HybridPool
-from harness.protocol.schedules import LayerListener, LoadOp, Schedule, layerwise, start_loading
+from harness.protocol.schedules import LayerListener, LoadOp, LoadStarter, Schedule, layerwise, start_loading
 from harness.protocol.writeback import HostBackup, WriteBack, transfer_policy
 from harness.records.errors import ReplayTimeout
 from harness.records.faults import FaultPlan
@@ -47,10 +47,12 @@ class Testbed:
         n = layout.shape.num_layers
         # The engine's own load chain where it has one for this model: its counter and its load stream.
         self.engine_load: Any = engine.loader(dev, layout, self.pool, self.host) if engine else None
+        self.schedule: Schedule = fence_for_scenario(resolve(Kind.SCHEDULE, s.schedule, s.source, "schedule"))
         if self.engine_load is not None:
             self.counter: Any = self.engine_load.counter
         else:
-            self.counter = engine.counter(dev, n) if engine else LayerDoneCounter(dev, n)
+            in_graph = getattr(self.schedule, "records_in_graph", False)  # a load op captured as a graph
+            self.counter = engine.counter(dev, n) if engine else LayerDoneCounter(dev, n, external=in_graph)
         self.forward = dev.Stream("forward")
         self.load = self.engine_load.stream if self.engine_load is not None else dev.Stream("load")
         self.ran = dev.Event()  # recorded after the forward, when a gate waits for it
@@ -58,9 +60,9 @@ class Testbed:
         # Built once: the replay loop only enqueues (host time there shifts the race window).
         self.copies = plan_copies(layout, self.host, self.pool, chunks)
         self.listeners: list[LayerListener] = []  # called as each load op completes a layer
+        self.starters: list[LoadStarter] = []  # called as each load op starts, on the scheduling stream
         self.fence = fence_for_scenario(resolve(Kind.FENCE, s.fence, s.source, "fence"))
         self.accessor: AccessorPolicy = resolve(Kind.ACCESSOR, s.accessor, s.source, "accessor")
-        self.schedule: Schedule = resolve(Kind.SCHEDULE, s.schedule, s.source, "schedule")
         targets = tuple(r for lid in range(n) for r in prefix_regions(layout, lid))
         self.writeback = WriteBack(dev, layout, self.pool, self.forward, backup) if backup is not None else None
         self.bed = HazardBed(dev, layout, self.pool, self.copies, targets, s.poison, s.seed, chunks, self.host,
@@ -76,7 +78,7 @@ class Testbed:
             self.counter.set_consumer(op.index)
             return op
         op = start_loading(self.dev, self.counter, self.load, self.copies if copies is None else copies, plan,
-                           self.layout, schedule or self.schedule, gate, self.listeners)
+                           self.layout, schedule or self.schedule, gate, self.listeners, self.starters)
         self.counter.set_consumer(op.index)
         return op
 
@@ -84,7 +86,7 @@ class Testbed:
         """This batch's own load op, with the engine's schedule, one copy per layer and nothing
         listening per layer: the engine's load chain runs it (anything else is the harness's)."""
         return (self.engine_load is not None and copies is None and (schedule or self.schedule) is layerwise
-                and not self.listeners and self.scenario.fault.kind is not FaultKind.CHUNKED)
+                and not self.listeners and not self.starters and self.scenario.fault.kind is not FaultKind.CHUNKED)
 
     def _wait_for_free_slot(self) -> None:
         """Block the host until the ring slot the next load op takes has finished its last load.
@@ -124,4 +126,4 @@ class Testbed:
         if setup is not None:
             with self.dev.stream(self.forward):
                 setup(FenceSetup(self.dev, self.forward, self.load, self.counter, self.pool, self.runner,
-                                 self.pool.add_wait, self.listeners.append))
+                                 self.pool.add_wait, self.listeners.append, self.starters.append))
