@@ -200,9 +200,12 @@ def _evidence_change(name: str, s: dict, b: dict) -> str | None:
     """The same verdict shown by other evidence (older files have none to compare)."""
     if "evidence" not in s or "evidence" not in b or s["observed"] != b["observed"]:
         return None
-    if s["error"] or b["error"] or sorted(s["evidence"]) == sorted(b["evidence"]):
+    # A file from before the graph check has no graph evidence to compare with.
+    drop = set() if "graph" in s and "graph" in b else {"graph"}
+    new, old = sorted(set(s["evidence"]) - drop), sorted(set(b["evidence"]) - drop)
+    if s["error"] or b["error"] or new == old:
         return None
-    lost = sorted(set(b["evidence"]) - set(s["evidence"]))
+    lost = sorted(set(old) - set(new))
     why = f" (lost its {' and '.join(lost)} evidence)" if lost else ""
     return f"{name}: {_verdict(b)} -> {_verdict(s)}{why}"
 
