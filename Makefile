@@ -109,7 +109,7 @@ else
 bench: $(VENV)/.installed
 	$(VPY) -m harness fences --device auto --replays 5 --out $(REPORTS)/fences
 	$(VPY) -m harness bench --device auto --points default --repeats 20 --out $(REPORTS)/bench
-	$(VPY) -m harness checking --device auto --replays 5 --repeats 3 --out $(REPORTS)/checking
+	$(VPY) -m harness checking --device auto --replays 5 --runs 1 --out $(REPORTS)/checking
 endif
 
 clean:
