@@ -97,6 +97,23 @@ def test_two_streams_race_through_real_ops(waits):
         assert any("test_sanitizer_watch.py" in f for f in race.later.use.site.stack)
 
 
+@pytest.mark.parametrize("pageable", [True, False])
+def test_a_copy_into_pageable_host_memory_orders_the_host_after_its_stream(pageable):
+    """A device-to-pageable copy returns only when its stream's work is done, so what the host
+    enqueues next on another stream is ordered after it; into pinned memory it is asynchronous."""
+    m, s = SanitizerModel(), FakeStreams()
+    x, y = torch.zeros(64), torch.ones(64)  # device tensors here
+    out = torch.empty(64)  # host memory: pageable (untracked) or pinned
+    space = {id(out): None if pageable else "host"}
+    with OpWatch(m, stream_of=s, space_of=lambda t: space.get(id(t), "cpu")):
+        s.current = 1
+        x.copy_(y)  # stream 1 writes x
+        out.copy_(x)  # the host reads x back
+        s.current = 2
+        x.fill_(0)  # then enqueues a write of x on stream 2
+    assert sorted(r.kind.value for r in m.races) == ([] if pageable else ["write-after-read", "write-after-write"])
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_slices_of_one_tensor_race_only_where_they_overlap(overlap):
     m, s = SanitizerModel(), FakeStreams()

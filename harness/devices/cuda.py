@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import statistics
 import threading
 import time
@@ -397,6 +398,18 @@ class CudaDevice(Device):
         return cycles / statistics.median(samples)
 
     def capture(self, fn: Callable[[], None], *, warmup: int = 2) -> CudaGraph:
+        # The collector stays off while capturing: freeing an old graph (a cycle the collector
+        # breaks) mid-capture destroys it under capture, which invalidates the capture.
+        gc.collect()
+        was_on = gc.isenabled()
+        gc.disable()
+        try:
+            return self._capture_graph(fn, warmup)
+        finally:
+            if was_on:
+                gc.enable()
+
+    def _capture_graph(self, fn: Callable[[], None], warmup: int) -> CudaGraph:
         # Capture on a side stream, never the default one (a legacy-stream capture fails),
         # after warm-up there, as torch.cuda.graphs recommends.
         caller = torch.cuda.current_stream(self.torch_device)

@@ -43,6 +43,8 @@ __all__ = ["OpWatch", "CudaWatch", "cuda_space", "short_stack"]
 aten = torch.ops.aten
 FACTORY = re.compile(r"(new_.*|.*_like)")  # factories that take a tensor read only its metadata
 SKIPPED = {aten.record_stream.default}  # not a kernel
+# Reads that hand a device value to the host as a Python scalar: the host waits for the stream.
+SCALAR_READS = {aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default}
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -147,6 +149,8 @@ class OpWatch(TorchDispatchMode):
             metadata_only = factory or (alias is not None and not alias.is_write)
             pytree.tree_map_(lambda v, w=is_write, m=metadata_only, n=argument.name: note(v, w, m, n), value)
         out = func(*args, **kwargs)
+        device_input = any(isinstance(v, torch.Tensor) and self.space_of(v) not in (None, "host")
+                           for v in pytree.tree_leaves((args, kwargs)))
         returns = schema.returns
         pairs = [(returns[0], out)] if len(returns) == 1 else list(zip(returns, out, strict=False))
         for ret, value in pairs:
@@ -163,7 +167,20 @@ class OpWatch(TorchDispatchMode):
                     self.model.host_op(uses)  # the host runs it, now
                 else:
                     self.model.op(self.stream_of(), uses)
+        if device_input and self._blocks_host(func, args, kwargs, out):
+            # A copy into pageable host memory (or a scalar read) returns only once the stream's
+            # work so far has finished: the host has seen it, as after a stream synchronize.
+            with self.lock:
+                self.model.stream_sync(self.stream_of())
         return out
+
+    def _blocks_host(self, func: Any, args: tuple, kwargs: dict, out: Any) -> bool:
+        if func in SCALAR_READS:
+            return True
+        written = [out, *(v for a, v in _arguments(func._schema, args, kwargs)
+                          if a.alias_info is not None and a.alias_info.is_write)]
+        return any(isinstance(v, torch.Tensor) and v.device.type == "cpu" and self.space_of(v) is None
+                   for v in pytree.tree_leaves(written))
 
 
 # ---- torch's GPU trace: registered once, forwarded to the model watching now ---------

@@ -213,6 +213,15 @@ class _Observer:
         units = max(1, len(oracle.units))
         self.batch = max(1, min(batch, self.MAX_BATCH, self.MASK_BYTES // units))
         device = oracle.truth.device
+        # Made on the forward stream, where the poisoning and the look use them: made on the
+        # default stream, nothing would order the look's warm-up (on a side stream) after them.
+        with tb.dev.stream(tb.forward):
+            self._buffers(tb, oracle, device)
+        self.poison_graph: Graph | None = None
+        self.look_graph: Graph | None = None
+
+    def _buffers(self, tb: Testbed, oracle: Oracle, device: torch.device) -> None:
+        units = max(1, len(oracle.units))
         self.masks = torch.zeros((self.batch, units), dtype=torch.bool, device=device)
         self.counts = torch.zeros((self.batch, len(oracle.groups)), dtype=torch.int32, device=device)
         self.cursor = torch.zeros(1, dtype=torch.long, device=device)  # the row the next look writes
@@ -229,8 +238,6 @@ class _Observer:
         starts = tb.model.probes.layout.unit_starts()
         self._firsts = (torch.cat([torch.arange(r.start, r.stop, r.step, device=device) for r in starts])
                         if math.isnan(tb.scenario.poison) else None)
-        self.poison_graph: Graph | None = None
-        self.look_graph: Graph | None = None
 
     def capture(self) -> None:
         """Capture the poisoning and the look, where they can be (nothing may be pending)."""
