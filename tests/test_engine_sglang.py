@@ -415,6 +415,37 @@ def test_the_contract_flag_is_clear_after_a_clean_run_and_set_by_one_wrong_call(
         c.check("k")
 
 
+@pytest.mark.parametrize("layers, pools", [("AAAA", {"MHATokenToKVPoolHost"}),
+                                          ("AMAM", {"MHATokenToKVPoolHost", "MambaPoolHost"})])
+def test_the_engines_host_pools_are_destroyed_before_their_memory_is_freed(monkeypatch, layers, pools):
+    """Pinned by cudaHostRegister, unregistered only by the engine's destroy: a chain that goes must
+    destroy its host pools while their buffers live, or the next pool allocated over that memory cannot
+    register it (what a second chain in one process met on a GPU)."""
+    import gc
+
+    m = adapter.load().modules
+    destroyed: list[int] = []
+    for cls in (m[adapter.HOST_MHA].MHATokenToKVPoolHost, m[adapter.HOST_MAMBA].MambaPoolHost):
+        original = cls.destroy
+
+        def destroy(self, _original=original):
+            assert self.kv_buffer is not None  # still alive: unregistered before it is freed
+            destroyed.append(id(self))
+            _original(self)
+
+        monkeypatch.setattr(cls, "destroy", destroy)
+    s = _attention() if layers == "AAAA" else _execute(layers)
+    first = Testbed(s, SimDevice())
+    el = first.engine_load
+    mine = {id(p): type(p).__name__ for p in (getattr(el, "host_pool", None), getattr(el, "kv_host", None),
+                                              getattr(el, "mamba_host", None)) if p is not None}
+    assert set(mine.values()) == pools and destroyed == []
+    del first, el
+    Testbed(s, SimDevice())  # the next chain takes the engine modules' kernel names over
+    gc.collect()
+    assert sorted(i for i in destroyed if i in mine) == sorted(mine)
+
+
 def test_the_kernel_copies_each_run_of_consecutive_rows_once():
     from harness.engines.sglang_load import _runs
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -98,6 +99,24 @@ def _runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
         else:
             runs.append((s, d, 1))
     return runs
+
+
+def release_with(owner: object, *host_pools: Any) -> None:
+    """The engine's `destroy` of each host pool when `owner` goes, before the pools' memory is freed.
+
+    The engine pins a host pool's buffers with `cudaHostRegister` and unregisters them only in
+    `destroy` (a server's shutdown). A buffer freed while registered leaves its range registered
+    with the driver, and the next host pool allocated over that range fails to register (the
+    engine's error path then raises `TypeError` from `cudaGetErrorString(int)`, hiding the code).
+    The callback holds the pools, so their buffers outlive the unregistration."""
+    weakref.finalize(owner, _destroy, [p for p in host_pools if p is not None])
+
+
+def _destroy(host_pools: list[Any]) -> None:
+    for pool in host_pools:
+        destroy = getattr(pool, "destroy", None)
+        if destroy is not None:
+            destroy()
 
 
 class ChainLoad:
@@ -186,6 +205,7 @@ class EngineLoad(ChainLoad):
         self.host_indices = torch.tensor(host_rows, dtype=torch.int64)
         self.runs = _runs(host_rows, slots)  # the copies, planned on the host from what load is given
         self.host_pool = self._host_pool(host_mod.MHATokenToKVPoolHost, kv_pool, layout, dev)
+        release_with(self, self.host_pool)
         for a in range(len(self.attention)):  # the harness's seeded data, so ground truth matches
             self.host_pool.k_buffer[a, : layout.total_prefix].copy_(host.k[a])
             self.host_pool.v_buffer[a, : layout.total_prefix].copy_(host.v[a])
