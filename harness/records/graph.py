@@ -271,7 +271,8 @@ def _next_record(ops: Iterable[Op], stream: StreamId | None) -> EventId | None:
 
 
 def _load_event(rest: Sequence[Op], later: Sequence[Op], sid: StreamId) -> EventId | None:
-    """The load event of a copy inside a replay: the first record after it in the graph, else on its stream after the replay."""
+    """The load event of a copy inside a replay: the first record after it in the graph, else the
+    first on its stream after the replay."""
     event = _next_record(rest, None)
     return event if event is not None else _next_record(later, sid)
 
@@ -421,11 +422,11 @@ def _replay_by_graph(w: _Walk, model: GraphModel, op: Replay, later: Sequence[Op
             w.flag_wait(sid, node.flags[0], node.value)
         elif node.kind is NodeKind.VALUE_WRITE and node.value is not None:
             w.flag_write(sid, node.flags, node.value)
-        i = last_of.get(n)
-        if i is not None:
-            copy = op.body[i]
+        at = last_of.get(n)
+        if at is not None:
+            copy = op.body[at]
             assert isinstance(copy, Copy)
-            event = _load_event(op.body[i + 1:], later, sid)
+            event = _load_event(op.body[at + 1:], later, sid)
             w.copies.append(_LoadCopy(w.clocks.stamp(sid), copy.dst, event))
 
 
@@ -475,21 +476,19 @@ def compare_record(body: Sequence[Op], model: GraphModel) -> list[str]:
         sync = [n for n in nodes if n.kind in _SYNC]
         work = any(n.kind.work for n in nodes)
 
-        def only(kind: NodeKind) -> list[GraphNode]:
-            return [n for n in sync if n.kind is kind] if all(n.kind is kind for n in sync) else []
 
         if isinstance(op, Wait):
-            if [n.event for n in only(NodeKind.WAIT)] != [op.event]:
+            if [n.event for n in _only(sync, NodeKind.WAIT)] != [op.event]:
                 out.append(f"{g}: op {i} waits on event {op.event}; the graph holds {_what(nodes)} there")
         elif isinstance(op, Record):
-            if [n.event for n in only(NodeKind.RECORD)] != [op.event]:
+            if [n.event for n in _only(sync, NodeKind.RECORD)] != [op.event]:
                 out.append(f"{g}: op {i} records event {op.event}; the graph holds {_what(nodes)} there")
         elif isinstance(op, FlagWait):
-            if [(n.flags, n.value) for n in only(NodeKind.VALUE_WAIT)] != [((op.flag,), op.value)]:
+            if [(n.flags, n.value) for n in _only(sync, NodeKind.VALUE_WAIT)] != [((op.flag,), op.value)]:
                 out.append(f"{g}: op {i} waits until flag {op.flag} reaches {op.value}; "
                            f"the graph holds {_what(nodes)} there")
         elif isinstance(op, FlagWrite):
-            writes = only(NodeKind.VALUE_WRITE)
+            writes = _only(sync, NodeKind.VALUE_WRITE)
             flags = sorted(f for n in writes for f in n.flags)
             if not writes or flags != sorted(op.flags) or any(n.value != op.value for n in writes):
                 out.append(f"{g}: op {i} writes {op.value} into flags {list(op.flags)}; "
@@ -518,6 +517,11 @@ def compare_record(body: Sequence[Op], model: GraphModel) -> list[str]:
         elif n.id not in covered and n.kind in _SYNC:
             out.append(f"{g}: node {n.id} {_verb(n)}, which no captured op of the op list accounts for")
     return out
+
+
+def _only(sync: Sequence[GraphNode], kind: NodeKind) -> list[GraphNode]:
+    """The synchronising nodes, when all are of `kind`; else none (the comparison then fails)."""
+    return list(sync) if all(n.kind is kind for n in sync) else []
 
 
 def _what(nodes: Sequence[GraphNode]) -> str:
