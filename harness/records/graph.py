@@ -568,6 +568,8 @@ class GraphSummary:
     work_nodes: int
     steps: tuple[tuple[str, int], ...]  # (pool-touching step, its work nodes), in capture order
     mismatches: tuple[str, ...] = ()
+    value_wait_nodes: int = 0
+    value_write_nodes: int = 0
 
 
 @dataclass(frozen=True)
@@ -609,7 +611,8 @@ def summarise(model: GraphModel, body: Sequence[Op]) -> GraphSummary:
         if isinstance(op, Kernel) and op.touches_pools
     )
     return GraphSummary(model.graph, model.source, len(model.nodes), model.count(NodeKind.WAIT),
-                        model.count(NodeKind.RECORD), model.work_nodes, steps, tuple(compare_record(body, model)))
+                        model.count(NodeKind.RECORD), model.work_nodes, steps, tuple(compare_record(body, model)),
+                        model.count(NodeKind.VALUE_WAIT), model.count(NodeKind.VALUE_WRITE))
 
 
 def check_graphs(trace: Trace, source: GraphSource) -> GraphCheck:
