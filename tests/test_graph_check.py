@@ -421,3 +421,8 @@ def test_layerwise_value_is_clean_in_the_graph_check(name):
 def test_the_value_mutants_are_caught_by_the_graph_check(name):
     r = run_scenario(_matrix(name), SimDevice(), replays=2)
     assert r.error is None and r.met and r.graph is not None and r.graph.matched and r.graph.findings
+
+
+def test_a_captured_copy_with_no_work_node_is_a_mismatch():
+    (m,) = compare_record((Copy(CAP, K0),), graph([GraphNode(0, NodeKind.RECORD, "r", E_L0)], [], [(0,)]))
+    assert "op 0 (Copy) is device work" in m

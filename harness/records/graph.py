@@ -495,7 +495,7 @@ def compare_record(body: Sequence[Op], model: GraphModel) -> list[str]:
                            f"the graph holds {_what(nodes)} there")
         elif isinstance(op, (Kernel, Copy, CopyToHost)):
             if sync or not work:
-                what = op.what or "kernel" if isinstance(op, Kernel) else type(op).__name__
+                what = (op.what or "kernel") if isinstance(op, Kernel) else type(op).__name__
                 out.append(f"{g}: op {i} ({what}) is device work; the graph holds {_what(nodes)} there")
         elif isinstance(op, (HostSync, HostWait, Replay)):
             out.append(f"{g}: op {i} ({type(op).__name__}) cannot be captured")
