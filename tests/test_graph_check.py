@@ -426,3 +426,8 @@ def test_the_value_mutants_are_caught_by_the_graph_check(name):
 def test_a_captured_copy_with_no_work_node_is_a_mismatch():
     (m,) = compare_record((Copy(CAP, K0),), graph([GraphNode(0, NodeKind.RECORD, "r", E_L0)], [], [(0,)]))
     assert "op 0 (Copy) is device work" in m
+
+
+def test_a_finding_under_a_value_wait_names_its_flag_and_the_write_that_may_release_it():
+    (f,) = check_replays(value_story(*FLAG_AFTER_COPY, rearm=False), {GRAPH: VRIGHT})
+    assert f.flags == (F0,) and "value waits above it (flag 200)" in f.describe() and "re-armed" in f.describe()

@@ -242,12 +242,17 @@ class GraphFinding:
     copy_stream: str
     replay_stream: str
     event: EventId | None  # the load event: the first recorded on the copy's stream after it (None: none)
+    flags: tuple[FlagId, ...] = ()  # the flags of the value-wait nodes above the node (none: none)
 
     def describe(self) -> str:
         verb = "writes" if self.kind is RaceKind.WRITE_AFTER_WRITE else "reads"
         who = f"graph {self.graph} node {self.node} ({self.kernel}, step {self.step or '?'})"
         copy = f"the H2D copy on {self.copy_stream} that writes {self.copy_region}"
-        if self.event is None:
+        if self.flags:
+            on = ", ".join(f"flag {f}" for f in self.flags)
+            missing = (f"the value waits above it ({on}) may be released by a flag write not ordered after that "
+                       "copy (written before it, or a previous load op's value never re-armed)")
+        elif self.event is None:
             missing = f"no event is recorded after that copy on {self.copy_stream}"
         else:
             missing = (f"no wait node on event {self.event} (recorded after that copy) reaches it, and "
@@ -399,7 +404,16 @@ def _check_one(model: GraphModel, op: Replay, w: _Walk, name: Callable[[StreamId
                 for copy in w.copies:
                     if copy.region.overlaps(region) and c.get(copy.stamp.stream, -1) < copy.stamp.epoch:
                         yield GraphFinding(kind, model.graph, node.id, node.name, captured.what, region,
-                                           copy.region, name(copy.stamp.stream), name(op.stream), copy.event)
+                                           copy.region, name(copy.stamp.stream), name(op.stream), copy.event,
+                                           _value_waits_above(model, node_id))
+
+
+def _value_waits_above(model: GraphModel, node: int) -> tuple[FlagId, ...]:
+    """The flags the value-wait nodes above `node` wait on (for a finding's sentence only)."""
+    if not model.count(NodeKind.VALUE_WAIT):
+        return ()
+    above = model.ancestors[node]
+    return tuple(sorted({f for n in model.nodes if n.id in above and n.kind is NodeKind.VALUE_WAIT for f in n.flags}))
 
 
 def _replay_by_graph(w: _Walk, model: GraphModel, op: Replay, later: Sequence[Op]) -> None:
@@ -570,6 +584,7 @@ class GraphSummary:
     mismatches: tuple[str, ...] = ()
     value_wait_nodes: int = 0
     value_write_nodes: int = 0
+    kinds: tuple[tuple[str, int], ...] = ()  # (node kind, how many), every kind the graph holds
 
 
 @dataclass(frozen=True)
@@ -612,7 +627,8 @@ def summarise(model: GraphModel, body: Sequence[Op]) -> GraphSummary:
     )
     return GraphSummary(model.graph, model.source, len(model.nodes), model.count(NodeKind.WAIT),
                         model.count(NodeKind.RECORD), model.work_nodes, steps, tuple(compare_record(body, model)),
-                        model.count(NodeKind.VALUE_WAIT), model.count(NodeKind.VALUE_WRITE))
+                        model.count(NodeKind.VALUE_WAIT), model.count(NodeKind.VALUE_WRITE),
+                        tuple((k.value, model.count(k)) for k in NodeKind if model.count(k)))
 
 
 def check_graphs(trace: Trace, source: GraphSource) -> GraphCheck:
