@@ -115,7 +115,10 @@ class GraphReader:
         """A batch mem-op node as a value wait or write on the harness's flags, or MEM_OP saying why not."""
         cu = self.cu
         (params,) = self._ok(cu.cuGraphBatchMemOpNodeGetParams(node), "cuGraphBatchMemOpNodeGetParams")
-        ops = [decode_mem_op(cu, p) for p in list(params.paramArray)[:int(params.count)]]
+        try:
+            ops = [decode_mem_op(cu, p) for p in list(params.paramArray)[:int(params.count)]]
+        except (AttributeError, TypeError, ValueError) as e:  # bindings that decode it otherwise
+            return GraphNode(i, NodeKind.MEM_OP, f"batch mem-op node the bindings could not decode: {e}")
         return mem_op_node(i, ops, flags)
 
     def _kernel_name(self, handle: Any) -> str:
