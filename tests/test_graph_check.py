@@ -21,7 +21,7 @@ from harness.records.graph import (
     spans_from_frontiers,
 )
 from harness.records.scenario import Evidence
-from harness.records.trace import Copy, HostSync, Kernel, Record, Region, Replay, Trace, Wait
+from harness.records.trace import Copy, FlagWait, FlagWrite, HostSync, Kernel, Record, Region, Replay, Trace, Wait
 from harness.run.pipeline import run_scenario
 from harness.run.scenario_file import SCENARIO_DIR, load_files
 
@@ -251,3 +251,183 @@ def test_an_op_list_that_does_not_match_its_graph_is_the_scenarios_error():
     r = run_scenario(_matrix("correct.layerwise_graph.gate"), _DroppingSim(), replays=2)
     assert r.error is not None and "does not match the graph" in r.error and "\n" not in r.error
     assert not r.met
+
+
+# ---- value waits: a value-wait node on a flag the load stream writes after the copy ----------
+
+F0, F1 = 200, 201  # layer 0's and layer 1's flags
+ARMED, LOADED = 0, 1
+SCHED = FWD  # the scheduling stream is the forward's: the re-arm is ordered before the replay
+VWAIT = GraphNode(0, NodeKind.VALUE_WAIT, "wait f200", flags=(F0,), value=LOADED)
+VRIGHT = graph([VWAIT, KERNEL], [(0, 1)], [(0,), (1,)])
+VBODY = (FlagWait(CAP, F0, LOADED, in_graph=True), READ_L0)
+
+
+def value_story(*load: object, rearm: bool = True, previous: bool = True) -> Trace:
+    """A previous load op left F0 LOADED (the host synchronized since); the scheduling stream
+    re-arms it (unless not), the load stream runs `load` after the start event, then the replay."""
+    ops: list = []
+    if previous:
+        ops += [FlagWrite(LOAD, (F0,), LOADED), HostSync()]
+    if rearm:
+        ops.append(FlagWrite(SCHED, (F0, F1), ARMED))
+    ops += [Record(SCHED, E_OLD), Wait(LOAD, E_OLD), *load, Replay(FWD, GRAPH, VBODY)]
+    return Trace(ops=ops, stream_names=dict(NAMES))
+
+
+FLAG_AFTER_COPY = (Copy(LOAD, K0), FlagWrite(LOAD, (F0,), LOADED))
+
+
+def test_a_value_wait_node_on_a_flag_written_after_the_copy_orders_the_reader():
+    assert check_replays(value_story(*FLAG_AFTER_COPY), {GRAPH: VRIGHT}) == []
+    assert check_replays(value_story(*FLAG_AFTER_COPY, previous=False), {GRAPH: VRIGHT}) == []
+
+
+def test_the_flag_written_before_the_copy_is_found():
+    (f,) = check_replays(value_story(FlagWrite(LOAD, (F0,), LOADED), Copy(LOAD, K0)), {GRAPH: VRIGHT})
+    assert (f.kind, f.node, f.copy_region) == (RaceKind.READ_AFTER_WRITE, 1, K0)
+
+
+def test_a_flag_not_rearmed_still_holds_the_previous_ops_value_and_is_found():
+    (f,) = check_replays(value_story(*FLAG_AFTER_COPY, rearm=False), {GRAPH: VRIGHT})
+    assert f.node == 1 and f.copy_region == K0
+
+
+def test_a_value_wait_on_the_wrong_flag_or_value_is_found():
+    for node in (dataclasses.replace(VWAIT, flags=(F1,)), dataclasses.replace(VWAIT, value=ARMED),
+                 dataclasses.replace(VWAIT, flags=())):  # () : an address that is none of the harness's flags
+        (f,) = check_replays(value_story(*FLAG_AFTER_COPY), {GRAPH: graph([node, KERNEL], [(0, 1)], [(0,), (1,)])})
+        assert f.node == 1, node
+
+
+def test_a_value_wait_node_not_reaching_the_reader_is_found():
+    (f,) = check_replays(value_story(*FLAG_AFTER_COPY), {GRAPH: graph([VWAIT, KERNEL], [], [(0,), (1,)])})
+    assert f.node == 1
+
+
+def test_the_simulators_chain_maps_flag_waits_and_writes_to_value_nodes():
+    body = (FlagWait(CAP, F0, LOADED, True), FlagWrite(CAP, (F0, F1), ARMED), READ_L0)
+    m = chain_model(GRAPH, body)
+    assert [(n.kind, n.flags, n.value) for n in m.nodes[:2]] == [
+        (NodeKind.VALUE_WAIT, (F0,), LOADED), (NodeKind.VALUE_WRITE, (F0, F1), ARMED)]
+    assert compare_record(body, m) == []
+
+
+@pytest.mark.parametrize("node, says", [
+    (dataclasses.replace(VWAIT, flags=(F1,)), "waits until flag 200 reaches 1"),
+    (dataclasses.replace(VWAIT, value=ARMED), "waits until flag 200 reaches 1"),
+    (GraphNode(0, NodeKind.WAIT, "wait", E_L0), "waits until flag 200 reaches 1"),
+    (dataclasses.replace(VWAIT, flags=()), "none of the harness's flags"),
+    (GraphNode(0, NodeKind.MEM_OP, "CU_STREAM_MEM_OP_BARRIER"), "cannot read"),
+])
+def test_a_recorded_flag_wait_the_graph_does_not_hold_is_a_mismatch(node, says):
+    found = compare_record(VBODY, graph([node, KERNEL], [(0, 1)], [(0,), (1,)]))
+    assert found and any(says in m for m in found), found
+
+
+def test_a_value_node_no_op_accounts_for_is_a_mismatch():
+    (m,) = compare_record((READ_L0,), graph([VWAIT, KERNEL], [(0, 1)], [(1,)]))
+    assert "node 0 waits until flag 200 reaches 1" in m and "no captured op" in m
+
+
+def test_a_recorded_flag_write_must_be_a_value_write_node_on_its_flags():
+    body = (FlagWrite(CAP, (F0,), LOADED),)
+    right = GraphNode(0, NodeKind.VALUE_WRITE, "w", flags=(F0,), value=LOADED)
+    assert compare_record(body, graph([right], [], [(0,)])) == []
+    for wrong in (dataclasses.replace(right, value=ARMED), dataclasses.replace(right, flags=(F1,)),
+                  GraphNode(0, NodeKind.KERNEL, "fill")):  # write_all is a fill kernel on CUDA: unreadable
+        assert compare_record(body, graph([wrong], [], [(0,)])), wrong
+
+
+# ---- a load graph (captured_load): its copies, records and flag writes, replayed on the load stream
+
+
+LOAD_BODY = (Copy(CAP, K0), Record(CAP, E_L0), FlagWrite(CAP, (F0,), LOADED))
+
+
+def load_graph_story(load_body=LOAD_BODY) -> Trace:
+    ops = [FlagWrite(SCHED, (F0, F1), ARMED), Record(SCHED, E_OLD), Wait(LOAD, E_OLD),
+           Replay(LOAD, GRAPH + 1, tuple(load_body)), Replay(FWD, GRAPH, VBODY)]
+    return Trace(ops=ops, stream_names=dict(NAMES))
+
+
+def load_models(load_body=LOAD_BODY, edges=None):
+    m = chain_model(GRAPH + 1, load_body, "cuda")
+    if edges is not None:
+        m = dataclasses.replace(m, edges=tuple(edges))
+    return {GRAPH: VRIGHT, GRAPH + 1: m}
+
+
+def test_a_load_graphs_copy_orders_a_forward_that_waits_on_its_flag():
+    assert check_replays(load_graph_story(), load_models()) == []
+    assert compare_record(LOAD_BODY, load_models()[GRAPH + 1]) == []
+
+
+def test_a_load_graph_that_writes_its_flag_before_the_copy_is_found():
+    body = (FlagWrite(CAP, (F0,), LOADED), Copy(CAP, K0), Record(CAP, E_L0))
+    (f,) = check_replays(load_graph_story(body), load_models(body))
+    assert f.graph == GRAPH and f.copy_region == K0 and f.event == E_L0 and f.copy_stream == "load"
+
+
+def test_a_load_graph_is_no_reader_and_its_copies_count_without_a_model_too():
+    # With no model of either graph nothing is checked; with the forward's only, the load graph's
+    # op list stands in for it (its copies, records and flag writes), and orders the reader.
+    assert check_replays(load_graph_story(), {}) == []
+    assert check_replays(load_graph_story(), {GRAPH: VRIGHT}) == []
+    body = (FlagWrite(CAP, (F0,), LOADED), Copy(CAP, K0))
+    assert check_replays(load_graph_story(body), {GRAPH: VRIGHT})
+
+
+def test_a_load_graph_whose_edges_do_not_order_the_flag_write_after_the_copy_is_a_mismatch():
+    found = compare_record(LOAD_BODY, load_models(edges=[(1, 2)])[GRAPH + 1])  # the copy hangs loose
+    assert len(found) == 2 and all("not ordered after copy op 0" in m for m in found), found
+
+
+# ---- the CUDA reader's batch mem-op nodes, from their decoded operations (pure) -----------------
+
+ADDR = {0x1000: F0, 0x1004: F1}
+W32, V32 = "CU_STREAM_MEM_OP_WAIT_VALUE_32", "CU_STREAM_MEM_OP_WRITE_VALUE_32"
+GEQ, BARRIER = "CU_STREAM_WAIT_VALUE_GEQ", "CU_STREAM_WRITE_VALUE_DEFAULT"
+
+
+@pytest.mark.parametrize("ops, kind, flags, value", [
+    ([(W32, 0x1000, 1, GEQ)], NodeKind.VALUE_WAIT, (F0,), 1),
+    ([(W32, 0x2000, 1, GEQ)], NodeKind.VALUE_WAIT, (), 1),  # not the harness's: a mismatch, named
+    ([(W32, 0x1000, 1, "CU_STREAM_WAIT_VALUE_EQ")], NodeKind.MEM_OP, (), None),
+    ([(V32, 0x1000, 1, BARRIER), (V32, 0x1004, 1, BARRIER)], NodeKind.VALUE_WRITE, (F0, F1), 1),
+    ([(V32, 0x1000, 1, "CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER")], NodeKind.MEM_OP, (), None),
+    ([(V32, 0x1000, 1, BARRIER), (V32, 0x1004, 2, BARRIER)], NodeKind.MEM_OP, (), None),
+    ([(W32, 0x1000, 1, GEQ), (V32, 0x1004, 1, BARRIER)], NodeKind.MEM_OP, (), None),
+    ([("CU_STREAM_MEM_OP_BARRIER", 0, 0, "")], NodeKind.MEM_OP, (), None),
+])
+def test_a_batch_mem_op_node_maps_to_a_value_node_only_when_it_is_one(ops, kind, flags, value):
+    from harness.devices.cuda_graph import mem_op_node
+
+    n = mem_op_node(3, ops, ADDR)
+    assert (n.id, n.kind, n.flags, n.value) == (3, kind, flags, value)
+
+
+# ---- the pipeline on the simulator: value waits, their mutants, the captured load op ----------
+
+
+@pytest.mark.parametrize("name", ["correct.layerwise_value.gate", "correct.layerwise_value.captured_load.gate"])
+def test_layerwise_value_is_clean_in_the_graph_check(name):
+    r = run_scenario(_matrix(name), SimDevice(), replays=2)
+    assert r.error is None and r.met and r.graph is not None and r.graph.matched and not r.graph.findings
+    assert any(g.value_wait_nodes for g in r.graph.graphs)
+
+
+@pytest.mark.parametrize("name", ["mutant.value_flag_before_copies", "mutant.value_flag_not_rearmed"])
+def test_the_value_mutants_are_caught_by_the_graph_check(name):
+    r = run_scenario(_matrix(name), SimDevice(), replays=2)
+    assert r.error is None and r.met and r.graph is not None and r.graph.matched and r.graph.findings
+
+
+def test_a_captured_copy_with_no_work_node_is_a_mismatch():
+    (m,) = compare_record((Copy(CAP, K0),), graph([GraphNode(0, NodeKind.RECORD, "r", E_L0)], [], [(0,)]))
+    assert "op 0 (Copy) is device work" in m
+
+
+def test_a_finding_under_a_value_wait_names_its_flag_and_the_write_that_may_release_it():
+    (f,) = check_replays(value_story(*FLAG_AFTER_COPY, rearm=False), {GRAPH: VRIGHT})
+    assert f.flags == (F0,) and "value waits above it (flag 200)" in f.describe() and "re-armed" in f.describe()

@@ -135,8 +135,10 @@ class CudaGraph(Graph):
             if self._frontiers is None:
                 raise GraphUnavailable(self._why)
             events = {int(e.raw.cuda_event): e.id for e in list(self._device._events) if e.raw.cuda_event}
+            flags = {int(ptr): fid for fs in list(self._device._flag_sets)
+                     for fid, ptr in zip(fs.ids, fs._ptrs, strict=True)}
             self._model = self._device._graph_reader().read(self.raw.raw_cuda_graph(), self.id,
-                                                            self._frontiers, events)
+                                                            self._frontiers, events, flags=flags)
         return self._model
 
     def replay(self) -> None:
@@ -251,6 +253,7 @@ class CudaFlags(Flags):
         self._geq = cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
         self._barrier = cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
         self._streams: dict[int, object] = {}  # raw stream handle -> CUstream, built once
+        device._flag_sets.add(self)  # to name a graph's value-wait and value-write nodes
 
     def _cu_stream(self, stream: CudaStream):
         handle = stream.raw.cuda_stream
@@ -305,6 +308,7 @@ class CudaDevice(Device):
         self._streams: weakref.WeakValueDictionary[int, CudaStream] = weakref.WeakValueDictionary()
         self._owned: weakref.WeakSet[CudaStream] = weakref.WeakSet()  # streams work is enqueued on
         self._events: weakref.WeakSet[CudaEvent] = weakref.WeakSet()  # to name a graph node's event
+        self._flag_sets: weakref.WeakSet[CudaFlags] = weakref.WeakSet()  # to name a value node's flag
         self._reader: GraphReader | None = None
         self._frontiers: list[tuple[int, ...]] | None = None  # while capturing a graph that can be read
         self.cycles_per_us = self._calibrate_sleep()

@@ -12,6 +12,12 @@ the check needs, and it needs a 13.1 driver for its tools ids; so it is not used
   nodes (`cudaGraphEventWaitNodeGetEvent`, `cudaGraphEventRecordNodeGetEvent`), kernel names
   (the driver's `cuGraphKernelNodeGetParams` and `cuFuncGetName`), and edges
   (`cudaGraphGetEdges`), into a `harness.records.graph.GraphModel`.
+- stream memory operations (`cuStreamWaitValue32` / `cuStreamWriteValue32` captured: a batch
+  mem-op node, which only the driver's API knows): `cuGraphBatchMemOpNodeGetParams` gives its
+  operations; a single GEQ wait or 32-bit writes of one value, on addresses that are the
+  harness's flags (`flags`: device address -> flag id), become value-wait / value-write nodes.
+  Anything else (another operation, several kinds at once, an address that is no flag of the
+  harness's) is read as what it is, and `compare_record` reports it: never a silent pass.
 
 The bindings' return tuples changed between CUDA 12 and 13 (an edge-data list was added), so
 results are read by what they hold (the first list, the last count), not by position.
@@ -70,9 +76,10 @@ class GraphReader:
         return tuple(int(d) for d in deps)
 
     def read(self, graph: int, graph_id: int, frontiers: Sequence[Sequence[int]],
-             events: Mapping[int, int], source: str = "cuda") -> GraphModel:
+             events: Mapping[int, int], source: str = "cuda", flags: Mapping[int, int] | None = None) -> GraphModel:
         """The graph `graph` (a cudaGraph_t) as a model; `frontiers` (handles, one more than the
-        captured ops) give its spans; `events` maps a CUDA event handle to the harness's id."""
+        captured ops) give its spans; `events` maps a CUDA event handle to the harness's id, and
+        `flags` a flag's device address to the harness's id."""
         rt = self.rt
         num = int(self._ok(rt.cudaGraphGetNodes(graph, numNodes=0), "cudaGraphGetNodes")[-1])
         handles = []
@@ -80,14 +87,19 @@ class GraphReader:
             out = self._ok(rt.cudaGraphGetNodes(graph, numNodes=num), "cudaGraphGetNodes")
             handles = list(next(x for x in out if isinstance(x, list)))[:num]
         index = {int(h): i for i, h in enumerate(handles)}
-        nodes = tuple(self._node(i, h, events) for i, h in enumerate(handles))
+        nodes = tuple(self._node(i, h, events, flags or {}) for i, h in enumerate(handles))
         edges = self._edges(graph, index)
         spans = spans_from_frontiers([n.id for n in nodes], edges,
                                      [[index[h] for h in f if h in index] for f in frontiers])
         return GraphModel(graph_id, nodes, edges, spans, source)
 
-    def _node(self, i: int, handle: Any, events: Mapping[int, int]) -> GraphNode:
-        rt = self.rt
+    def _node(self, i: int, handle: Any, events: Mapping[int, int], flags: Mapping[int, int]) -> GraphNode:
+        rt, cu = self.rt, self.cu
+        # The driver's type first: the runtime's enum has no batch mem-op node.
+        node = cu.CUgraphNode(init_value=int(handle))
+        (driver_kind,) = self._ok(cu.cuGraphNodeGetType(node), "cuGraphNodeGetType")
+        if driver_kind == cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_BATCH_MEM_OP:
+            return self._mem_op(i, node, flags)
         (raw_kind,) = self._ok(rt.cudaGraphNodeGetType(handle), "cudaGraphNodeGetType")
         kind = self.kinds.get(raw_kind, NodeKind.OTHER)
         if kind in (NodeKind.WAIT, NodeKind.RECORD):
@@ -98,6 +110,16 @@ class GraphReader:
         if kind is NodeKind.KERNEL:
             return GraphNode(i, kind, self._kernel_name(handle))
         return GraphNode(i, kind, kind.value if kind is not NodeKind.OTHER else str(raw_kind))
+
+    def _mem_op(self, i: int, node: Any, flags: Mapping[int, int]) -> GraphNode:
+        """A batch mem-op node as a value wait or write on the harness's flags, or MEM_OP saying why not."""
+        cu = self.cu
+        (params,) = self._ok(cu.cuGraphBatchMemOpNodeGetParams(node), "cuGraphBatchMemOpNodeGetParams")
+        try:
+            ops = [decode_mem_op(cu, p) for p in list(params.paramArray)[:int(params.count)]]
+        except (AttributeError, TypeError, ValueError) as e:  # bindings that decode it otherwise
+            return GraphNode(i, NodeKind.MEM_OP, f"batch mem-op node the bindings could not decode: {e}")
+        return mem_op_node(i, ops, flags)
 
     def _kernel_name(self, handle: Any) -> str:
         """The kernel's function name, as torch's get_graph_data reads it; "kernel" where the driver cannot say."""
@@ -123,3 +145,45 @@ class GraphReader:
         froms, tos = lists[0][:num], lists[1][:num]
         return tuple((index[int(a)], index[int(b)]) for a, b in zip(froms, tos, strict=True)
                      if int(a) in index and int(b) in index)
+
+
+# One stream memory operation: (operation, device address, value, flags), the driver's enums as names.
+MemOp = tuple[str, int, int, str]
+
+
+def decode_mem_op(cu: Any, p: Any) -> MemOp:
+    """One `CUstreamBatchMemOpParams` as plain values."""
+    t = cu.CUstreamBatchMemOpType
+    op = p.operation
+    if op == t.CU_STREAM_MEM_OP_WAIT_VALUE_32:
+        v, bits = p.waitValue, int(p.waitValue.flags)
+        # The low bits are the comparison; FLUSH (1 << 30) may be or-ed in.
+        mode = cu.CUstreamWaitValue_flags(bits & 0x3).name + ("|FLUSH" if bits & (1 << 30) else "")
+        return op.name, int(v.address), int(v.value), mode
+    if op == t.CU_STREAM_MEM_OP_WRITE_VALUE_32:
+        v = p.writeValue
+        return op.name, int(v.address), int(v.value), cu.CUstreamWriteValue_flags(int(v.flags)).name
+    return getattr(op, "name", str(op)), 0, 0, ""
+
+
+def mem_op_node(i: int, ops: Sequence[MemOp], flags: Mapping[int, int]) -> GraphNode:
+    """A batch mem-op node from its operations (pure: tested on the CPU).
+
+    One 32-bit GEQ wait -> VALUE_WAIT on its flag; 32-bit writes of one value -> VALUE_WRITE on
+    their flags. An address that is none of the harness's flags keeps the kind with no flag id
+    (so `compare_record` names it); anything else is MEM_OP, named by its operations.
+    """
+    kinds = {o[0] for o in ops}
+    name = "; ".join(f"{o[0]} 0x{o[1]:x} {o[2]} {o[3]}".strip() for o in ops) or "empty batch"
+    if len(ops) == 1 and kinds == {"CU_STREAM_MEM_OP_WAIT_VALUE_32"} and ops[0][3] == "CU_STREAM_WAIT_VALUE_GEQ":
+        _, address, value, _ = ops[0]
+        flag = flags.get(address)
+        return GraphNode(i, NodeKind.VALUE_WAIT, name, flags=(flag,) if flag is not None else (), value=value)
+    # A write with no memory barrier may be seen before the copies ahead of it: it orders nothing we can name.
+    if (ops and kinds == {"CU_STREAM_MEM_OP_WRITE_VALUE_32"} and len({o[2] for o in ops}) == 1
+            and all(o[3] == "CU_STREAM_WRITE_VALUE_DEFAULT" for o in ops)):
+        ids = [flags.get(o[1]) for o in ops]
+        known = tuple(f for f in ids if f is not None)
+        return GraphNode(i, NodeKind.VALUE_WRITE, name, flags=known if len(known) == len(ids) else (),
+                         value=ops[0][2])
+    return GraphNode(i, NodeKind.MEM_OP, name)

@@ -7,7 +7,7 @@ captured as graph nodes (`in_graph=True`) are honoured. Delay and Hold: nothing.
 
 Value waits: a flag write is stamped like an event record (it carries its stream's clock);
 a wait until the flag reaches a value is ordered after whichever write it may have seen
-(`_FlagWrites.release`): every write of a value that reaches the target that no later
+(`FlagWrites.release`): every write of a value that reaches the target that no later
 write already ordered before the waiter has hidden; the waiter gets what all of them have
 in common (a write of the previous load op that nothing re-armed is one of them, and
 orders nothing of this one's copies).
@@ -56,7 +56,7 @@ from harness.records.trace import (
     flag_reached,
 )
 
-__all__ = ["RaceKind", "Finding", "find_races"]
+__all__ = ["RaceKind", "Finding", "find_races", "FlagWrites", "FlagWriteStamp"]
 
 class RaceKind(enum.Enum):
     READ_AFTER_WRITE = "read-after-write"  # a read unordered with an earlier copy to it
@@ -142,21 +142,27 @@ class _Access:
 
 
 @dataclass(frozen=True)
-class _FlagWrite:
+class FlagWriteStamp:
+    """One write to a flag: where it was enqueued, what it is ordered after, and the value."""
+
     stamp: Stamp
     clock: Clock  # its stream's clock when it was enqueued: what it is ordered after
     value: int
 
 
-class _FlagWrites:
-    """Every write to one flag, in enqueue order."""
+class FlagWrites:
+    """Every write to one flag, in enqueue order (the analyser's and the graph check's: one rule)."""
 
     def __init__(self) -> None:
-        self.writes: list[_FlagWrite] = []
+        self.writes: list[FlagWriteStamp] = []
 
-    def release(self, clocks: StreamClocks, sid: StreamId, target: int) -> Clock | None:
-        """The clock a wait on `sid` until the flag reaches `target` is ordered after; None when it
-        is ordered after nothing.
+    def write(self, clocks: StreamClocks, sid: StreamId, value: int) -> None:
+        """A write of `value` enqueued on `sid` now (stamped, and carrying its clock, like a record)."""
+        self.writes.append(FlagWriteStamp(clocks.stamp(sid), clocks.record(sid), value))
+
+    def release(self, waiter: Clock, target: int) -> Clock | None:
+        """The clock a wait until the flag reaches `target`, by work whose clock is `waiter`, is
+        ordered after; None when it is ordered after nothing.
 
         A write W is hidden from the waiter when a later write X is ordered after W and before the
         waiter (coherence: the waiter sees X or something later); the flag's initial value (which the
@@ -166,7 +172,7 @@ class _FlagWrites:
         pointwise minimum of their clocks. A wait that no write enqueued so far can release waits
         for a later one, and gains nothing here.
         """
-        seen = [w for w in self.writes if clocks.ordered(sid, w.stamp)]
+        seen = [w for w in self.writes if waiter.get(w.stamp.stream, -1) >= w.stamp.epoch]
         if not seen:
             return None  # the initial value may be what releases it
         live = [w for w in self.writes if not any(_before(w, x) for x in seen if x is not w)]
@@ -179,7 +185,7 @@ class _FlagWrites:
         return common
 
 
-def _before(x: _FlagWrite, w: _FlagWrite) -> bool:
+def _before(x: FlagWriteStamp, w: FlagWriteStamp) -> bool:
     """Is write x ordered before write w (w's clock covers x's stamp)?"""
     return w.clock.get(x.stamp.stream, -1) >= x.stamp.epoch
 
@@ -189,7 +195,7 @@ class _Walker:
         self.names = trace.stream_names
         self.clocks = StreamClocks()
         self.events: dict[int, dict[StreamId, int]] = {}
-        self.flags: dict[int, _FlagWrites] = {}
+        self.flags: dict[int, FlagWrites] = {}
         self.copies: list[_Copy] = []  # H2D
         self.backups: list[_Copy] = []  # D2H
         self.accesses: list[_Access] = []  # kernels' reads and writes
@@ -245,14 +251,14 @@ class _Walker:
             self.clocks.wait(sid, self.events.get(op.event))
         elif isinstance(op, FlagWrite):
             stamp, clock = self.clocks.stamp(sid), self.clocks.record(sid)
-            for flag in op.flags:
-                self.flags.setdefault(flag, _FlagWrites()).writes.append(_FlagWrite(stamp, clock, op.value))
+            for flag in op.flags:  # one write of every flag: one stamp
+                self.flags.setdefault(flag, FlagWrites()).writes.append(FlagWriteStamp(stamp, clock, op.value))
         elif isinstance(op, FlagWait):
             if in_replay and not op.in_graph:
                 return
             writes = self.flags.get(op.flag)
             if writes is not None:
-                self.clocks.wait(sid, writes.release(self.clocks, sid, op.value))
+                self.clocks.wait(sid, writes.release(self.clocks.clock(sid), op.value))
         elif isinstance(op, Copy):
             copy = _Copy(self.clocks.stamp(sid), op.dst, op.source)
             for acc in self.accesses:

@@ -27,17 +27,20 @@ of every event a wait node among its ancestors waits on (its latest record at th
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from harness.records.analysis import RaceKind
+from harness.records.analysis import FlagWrites, FlagWriteStamp, RaceKind
 from harness.records.clocks import Clock, Stamp, StreamClocks
 from harness.records.trace import (
     Copy,
     CopyToHost,
     Delay,
     EventId,
+    FlagId,
+    FlagWait,
+    FlagWrite,
     GraphId,
     Hold,
     HostSync,
@@ -64,6 +67,9 @@ class NodeKind(str, enum.Enum):
     MEMSET = "memset"
     WAIT = "wait"  # an event wait node (an external event waited on under capture)
     RECORD = "record"  # an event record node
+    VALUE_WAIT = "value-wait"  # a stream memory op: wait until a flag reaches a value (cuStreamWaitValue32, GEQ)
+    VALUE_WRITE = "value-write"  # a stream memory op: write a value into flags (cuStreamWriteValue32)
+    MEM_OP = "mem-op"  # a stream memory op the reader could not map (several kinds at once, a flush ...)
     EMPTY = "empty"
     OTHER = "other"  # host, child graph, memory nodes, stream memory operations ...
 
@@ -79,6 +85,10 @@ class GraphNode:
     kind: NodeKind
     name: str = ""  # a kernel's function name; what a simulated node stands for
     event: EventId | None = None  # wait and record nodes: the harness's id of the event (None: not one of its own)
+    # Value-wait and value-write nodes: the harness's ids of the flags (a wait: one; () where the
+    # address is not one of the harness's flags) and the value waited for or written.
+    flags: tuple[FlagId, ...] = ()
+    value: int | None = None
 
 
 @dataclass(frozen=True)
@@ -191,23 +201,28 @@ def chain_model(graph: GraphId, body: Sequence[Op], source: str = "sim") -> Grap
     What the simulator's graphs are (it captures on one stream, as the harness's runners do);
     a test builds a graph by hand from it and then breaks it.
     """
-    nodes = tuple(GraphNode(i, *_node_of(op)) for i, op in enumerate(body))
+    nodes = tuple(_node_of(i, op) for i, op in enumerate(body))
     edges = tuple((i, i + 1) for i in range(len(body) - 1))
     return GraphModel(graph, nodes, edges, tuple((i,) for i in range(len(body))), source)
 
 
-def _node_of(op: Op) -> tuple[NodeKind, str, EventId | None]:
+def _node_of(i: int, op: Op) -> GraphNode:
     if isinstance(op, Kernel):
-        return NodeKind.KERNEL, op.what or "kernel", None
+        return GraphNode(i, NodeKind.KERNEL, op.what or "kernel")
     if isinstance(op, Wait):
-        return NodeKind.WAIT, f"wait e{op.event}", op.event
+        return GraphNode(i, NodeKind.WAIT, f"wait e{op.event}", op.event)
     if isinstance(op, Record):
-        return NodeKind.RECORD, f"record e{op.event}", op.event
+        return GraphNode(i, NodeKind.RECORD, f"record e{op.event}", op.event)
+    if isinstance(op, FlagWait):
+        return GraphNode(i, NodeKind.VALUE_WAIT, f"wait f{op.flag} >= {op.value}", flags=(op.flag,), value=op.value)
+    if isinstance(op, FlagWrite):
+        names = ",".join(f"f{f}" for f in op.flags)
+        return GraphNode(i, NodeKind.VALUE_WRITE, f"write {names} = {op.value}", flags=op.flags, value=op.value)
     if isinstance(op, (Copy, CopyToHost)):
-        return NodeKind.MEMCPY, "memcpy", None
+        return GraphNode(i, NodeKind.MEMCPY, "memcpy")
     if isinstance(op, Delay):
-        return NodeKind.KERNEL, "delay", None
-    return NodeKind.OTHER, type(op).__name__.lower(), None
+        return GraphNode(i, NodeKind.KERNEL, "delay")
+    return GraphNode(i, NodeKind.OTHER, type(op).__name__.lower())
 
 
 # ---------------------------------------------------------------- the check
@@ -227,12 +242,17 @@ class GraphFinding:
     copy_stream: str
     replay_stream: str
     event: EventId | None  # the load event: the first recorded on the copy's stream after it (None: none)
+    flags: tuple[FlagId, ...] = ()  # the flags of the value-wait nodes above the node (none: none)
 
     def describe(self) -> str:
         verb = "writes" if self.kind is RaceKind.WRITE_AFTER_WRITE else "reads"
         who = f"graph {self.graph} node {self.node} ({self.kernel}, step {self.step or '?'})"
         copy = f"the H2D copy on {self.copy_stream} that writes {self.copy_region}"
-        if self.event is None:
+        if self.flags:
+            on = ", ".join(f"flag {f}" for f in self.flags)
+            missing = (f"the value waits above it ({on}) may be released by a flag write not ordered after that "
+                       "copy (written before it, or a previous load op's value never re-armed)")
+        elif self.event is None:
             missing = f"no event is recorded after that copy on {self.copy_stream}"
         else:
             missing = (f"no wait node on event {self.event} (recorded after that copy) reaches it, and "
@@ -244,7 +264,50 @@ class GraphFinding:
 class _LoadCopy:
     stamp: Stamp
     region: Region
-    at: int  # its index in the trace's ops
+    event: EventId | None  # the first event recorded on its stream after it (None: none)
+
+
+def _next_record(ops: Iterable[Op], stream: StreamId | None) -> EventId | None:
+    """The first event recorded in `ops` on `stream` (None: any stream, a replay's body)."""
+    for op in ops:
+        if isinstance(op, Record) and (stream is None or op.stream == stream):
+            return op.event
+    return None
+
+
+def _load_event(rest: Sequence[Op], later: Sequence[Op], sid: StreamId) -> EventId | None:
+    """The load event of a copy inside a replay: the first record after it in the graph, else the
+    first on its stream after the replay."""
+    event = _next_record(rest, None)
+    return event if event is not None else _next_record(later, sid)
+
+
+# The clock a wait until `flag` reaches `value`, by work whose clock is the given one, is ordered after.
+Release = Callable[[FlagId, Clock, int], "Clock | None"]
+
+
+class _Walk:
+    """What the check knows at each op: stream clocks, each event's latest record, every flag's
+    writes (the analyser's `FlagWrites`: one rule for what a value wait is ordered after), and
+    the H2D copies so far (on their streams, or inside a replayed load graph on its stream)."""
+
+    def __init__(self) -> None:
+        self.clocks = StreamClocks()
+        self.events: dict[EventId, Clock] = {}
+        self.flags: dict[FlagId, FlagWrites] = {}
+        self.copies: list[_LoadCopy] = []
+
+    def release(self, flag: FlagId, waiter: Clock, value: int) -> Clock | None:
+        writes = self.flags.get(flag)
+        return None if writes is None else writes.release(waiter, value)
+
+    def flag_write(self, sid: StreamId, flags: Iterable[FlagId], value: int) -> None:
+        stamp, clock = self.clocks.stamp(sid), self.clocks.record(sid)
+        for flag in flags:  # one write of every flag: one stamp
+            self.flags.setdefault(flag, FlagWrites()).writes.append(FlagWriteStamp(stamp, clock, value))
+
+    def flag_wait(self, sid: StreamId, flag: FlagId, value: int) -> None:
+        self.clocks.wait(sid, self.release(flag, self.clocks.clock(sid), value))
 
 
 def check_replays(trace: Trace, models: Mapping[GraphId, GraphModel]) -> list[GraphFinding]:
@@ -252,153 +315,256 @@ def check_replays(trace: Trace, models: Mapping[GraphId, GraphModel]) -> list[Gr
 
     Deduplicated by (graph, step, copy region, kind), in the order first found.
     """
-    clocks = StreamClocks()
-    events: dict[EventId, Clock] = {}
-    copies: list[_LoadCopy] = []
+    w = _Walk()
     findings: list[GraphFinding] = []
     seen: set[tuple] = set()
 
     def name(sid: StreamId) -> str:
         return trace.stream_names.get(sid, f"stream{sid}")
 
-    def load_event(copy: _LoadCopy) -> EventId | None:
-        for op in trace.ops[copy.at + 1:]:
-            if isinstance(op, Record) and op.stream == copy.stamp.stream:
-                return op.event
-        return None
-
     for at, op in enumerate(trace.ops):
+        later = trace.ops[at + 1:]
         if isinstance(op, Record):
-            events[op.event] = clocks.record(op.stream)
+            w.events[op.event] = w.clocks.record(op.stream)
         elif isinstance(op, Wait):
-            clocks.wait(op.stream, events.get(op.event))
+            w.clocks.wait(op.stream, w.events.get(op.event))
+        elif isinstance(op, FlagWrite):
+            w.flag_write(op.stream, op.flags, op.value)
+        elif isinstance(op, FlagWait):
+            w.flag_wait(op.stream, op.flag, op.value)
         elif isinstance(op, HostSync):
-            clocks.host_sync()
+            w.clocks.host_sync()
         elif isinstance(op, HostWait):
-            clocks.host_wait(events.get(op.event))
+            w.clocks.host_wait(w.events.get(op.event))
         elif isinstance(op, Copy):
-            copies.append(_LoadCopy(clocks.stamp(op.stream), op.dst, at))
+            w.copies.append(_LoadCopy(w.clocks.stamp(op.stream), op.dst, _next_record(later, op.stream)))
         elif isinstance(op, Replay):
             model = models.get(op.graph)
             if model is None:
-                _replay_by_body(clocks, events, op)
+                _replay_by_body(w, op, later)
                 continue
-            for f in _check_one(model, op, clocks.clock(op.stream), events, copies, name, load_event):
+            for f in _check_one(model, op, w, name):
                 key = (f.graph, f.step, f.copy_region, f.kind)
                 if key not in seen:
                     seen.add(key)
                     findings.append(f)
-            _replay_by_graph(clocks, events, model, op)
+            _replay_by_graph(w, model, op, later)
         # Kernels, D2H copies, host writes, delays and holds order nothing here.
     return findings
 
 
-def _node_clocks(model: GraphModel, base: Clock, events: Mapping[EventId, Clock]) -> dict[int, Clock]:
-    """Each node's clock: the replay stream's at launch, joined with the events its ancestor waits wait on."""
-    # The wait nodes above each node, parents first (a graph holds few of them, so the sets stay small).
-    above: dict[int, frozenset[int]] = {}
-    preds: dict[int, list[int]] = {n: [] for n in model.order}
-    for a, b in model.edges:
-        preds[b].append(a)
-    out: dict[int, Clock] = {}
-    for n in model.order:
-        waits: set[int] = set()
-        for p in preds[n]:
-            waits |= above[p]
-            node = model.by_id[p]
-            if node.kind is NodeKind.WAIT and node.event is not None:
-                waits.add(node.event)
-        above[n] = frozenset(waits)
-        c = dict(base)
-        for event in waits:
-            for s, e in events.get(event, {}).items():
-                c[s] = max(c.get(s, e), e)
-        out[n] = c
+def _join(into: Clock, other: Clock | None) -> Clock:
+    """`into` joined with `other` (a new dict only where `other` adds something)."""
+    if not other or all(into.get(s, -1) >= e for s, e in other.items()):
+        return into
+    out = dict(into)
+    for s, e in other.items():
+        out[s] = max(out.get(s, e), e)
     return out
 
 
-def _check_one(model, op: Replay, base: Clock, events, copies, name, load_event) -> Iterable[GraphFinding]:
-    clocks = _node_clocks(model, base, events)
+def _node_clocks(model: GraphModel, base: Clock, events: Mapping[EventId, Clock], release: Release) -> dict[int, Clock]:
+    """Each node's clock as it starts: the replay stream's at launch, joined with what each wait
+    node above it is ordered after. An event wait: its event's latest record at the launch. A
+    value wait: the flag writes that may release it (`FlagWrites.release`), seen from the wait
+    node's own clock (what is ordered before that node hides the writes it overwrote)."""
+    preds: dict[int, list[int]] = {n: [] for n in model.order}
+    for a, b in model.edges:
+        preds[b].append(a)
+    into: dict[int, Clock] = {}
+    after: dict[int, Clock] = {}  # what the nodes below it inherit from it
+    for n in model.order:
+        c = base
+        for p in preds[n]:
+            c = _join(c, after[p])
+        into[n] = c
+        node = model.by_id[n]
+        if node.kind is NodeKind.WAIT and node.event is not None:
+            c = _join(c, events.get(node.event))
+        elif node.kind is NodeKind.VALUE_WAIT and len(node.flags) == 1 and node.value is not None:
+            c = _join(c, release(node.flags[0], c, node.value))
+        after[n] = c
+    return into
+
+
+def _check_one(model: GraphModel, op: Replay, w: _Walk, name: Callable[[StreamId], str]) -> Iterable[GraphFinding]:
+    clocks = _node_clocks(model, dict(w.clocks.clock(op.stream)), w.events, w.release)
     for captured, span in zip(op.body, model.spans, strict=False):
+        # Only a kernel is a reader: a load graph's copies, records and flag writes read no pool.
         if not isinstance(captured, Kernel) or not captured.touches_pools:
             continue
         sides = [(r, RaceKind.READ_AFTER_WRITE) for r in captured.reads]
-        sides += [(w, RaceKind.WRITE_AFTER_WRITE) for w in captured.writes]
+        sides += [(x, RaceKind.WRITE_AFTER_WRITE) for x in captured.writes]
         for node_id in span:
             node = model.by_id[node_id]
             if not node.kind.work:
                 continue
             c = clocks[node_id]
             for region, kind in sides:
-                for copy in copies:
+                for copy in w.copies:
                     if copy.region.overlaps(region) and c.get(copy.stamp.stream, -1) < copy.stamp.epoch:
                         yield GraphFinding(kind, model.graph, node.id, node.name, captured.what, region,
-                                           copy.region, name(copy.stamp.stream), name(op.stream),
-                                           load_event(copy))
+                                           copy.region, name(copy.stamp.stream), name(op.stream), copy.event,
+                                           _value_waits_above(model, node_id))
 
 
-def _replay_by_graph(clocks: StreamClocks, events: dict[EventId, Clock], model: GraphModel, op: Replay) -> None:
-    """After a replay its stream is ordered after every event its wait nodes waited on; its record
-    nodes record on it (in topological order)."""
+def _value_waits_above(model: GraphModel, node: int) -> tuple[FlagId, ...]:
+    """The flags the value-wait nodes above `node` wait on (for a finding's sentence only)."""
+    if not model.count(NodeKind.VALUE_WAIT):
+        return ()
+    above = model.ancestors[node]
+    return tuple(sorted({f for n in model.nodes if n.id in above and n.kind is NodeKind.VALUE_WAIT for f in n.flags}))
+
+
+def _replay_by_graph(w: _Walk, model: GraphModel, op: Replay, later: Sequence[Op]) -> None:
+    """The replay's effect on what follows, node by node in topological order on its stream: wait
+    nodes order the stream, record and value-write nodes record on it, and a load graph's copies
+    (the nodes of a captured H2D copy) are copies on it. That the graph orders each record after
+    the copies before it is `compare_record`'s to confirm."""
+    sid = op.stream
+    last_of: dict[int, int] = {}  # a captured copy's last node -> its index in the body
+    for i, (captured, span) in enumerate(zip(op.body, model.spans, strict=False)):
+        if isinstance(captured, Copy) and span:
+            last_of[span[-1]] = i
     for n in model.order:
         node = model.by_id[n]
         if node.kind is NodeKind.WAIT and node.event is not None:
-            clocks.wait(op.stream, events.get(node.event))
+            w.clocks.wait(sid, w.events.get(node.event))
         elif node.kind is NodeKind.RECORD and node.event is not None:
-            events[node.event] = clocks.record(op.stream)
+            w.events[node.event] = w.clocks.record(sid)
+        elif node.kind is NodeKind.VALUE_WAIT and len(node.flags) == 1 and node.value is not None:
+            w.flag_wait(sid, node.flags[0], node.value)
+        elif node.kind is NodeKind.VALUE_WRITE and node.value is not None:
+            w.flag_write(sid, node.flags, node.value)
+        at = last_of.get(n)
+        if at is not None:
+            copy = op.body[at]
+            assert isinstance(copy, Copy)
+            event = _load_event(op.body[at + 1:], later, sid)
+            w.copies.append(_LoadCopy(w.clocks.stamp(sid), copy.dst, event))
 
 
-def _replay_by_body(clocks: StreamClocks, events: dict[EventId, Clock], op: Replay) -> None:
-    """A replay of a graph with no model: its op list's graph waits and records, as the analyser does."""
-    for inner in op.body:
+def _replay_by_body(w: _Walk, op: Replay, later: Sequence[Op]) -> None:
+    """A replay of a graph with no model: its op list's graph waits, records, flag waits and
+    writes, and copies, as the analyser does."""
+    sid = op.stream
+    for i, inner in enumerate(op.body):
         if isinstance(inner, Wait) and inner.in_graph:
-            clocks.wait(op.stream, events.get(inner.event))
+            w.clocks.wait(sid, w.events.get(inner.event))
         elif isinstance(inner, Record):
-            events[inner.event] = clocks.record(op.stream)
+            w.events[inner.event] = w.clocks.record(sid)
+        elif isinstance(inner, FlagWait) and inner.in_graph:
+            w.flag_wait(sid, inner.flag, inner.value)
+        elif isinstance(inner, FlagWrite):
+            w.flag_write(sid, inner.flags, inner.value)
+        elif isinstance(inner, Copy):
+            event = _load_event(op.body[i + 1:], later, sid)
+            w.copies.append(_LoadCopy(w.clocks.stamp(sid), inner.dst, event))
 
 
 # ---------------------------------------------------------------- the record against the graph
 
 
+_SYNC = (NodeKind.WAIT, NodeKind.RECORD, NodeKind.VALUE_WAIT, NodeKind.VALUE_WRITE, NodeKind.MEM_OP)
+
+
 def compare_record(body: Sequence[Op], model: GraphModel) -> list[str]:
-    """Where the op list recorded for a capture differs from the graph; empty when they match."""
+    """Where the op list recorded for a capture differs from the graph; empty when they match.
+
+    Each captured op's nodes must be what it says: an event wait or record node on its event, a
+    value-wait node on its flag and value, value-write nodes on its flags and value, device work
+    for a kernel or a copy, and no synchronising node anywhere else. In a load graph (one that
+    captured H2D copies) each record and flag write must also be ordered after every copy before
+    it by the graph's edges, as the op list's order says. A stream memory operation the reader
+    could not map to the harness's flags is a mismatch: the check cannot say what it orders.
+    """
     out: list[str] = []
     g = f"graph {model.graph}"
     if len(model.spans) != len(body):
         return [f"{g}: the op list holds {len(body)} captured ops, the graph's capture marked {len(model.spans)}"]
     covered: set[int] = set()
+    copies: list[tuple[int, frozenset[int]]] = []  # (op index, its nodes) of the H2D copies so far
     for i, (op, span) in enumerate(zip(body, model.spans, strict=True)):
         covered |= set(span)
         nodes = [model.by_id[n] for n in span]
-        waits = [n for n in nodes if n.kind is NodeKind.WAIT]
-        records = [n for n in nodes if n.kind is NodeKind.RECORD]
+        sync = [n for n in nodes if n.kind in _SYNC]
+        work = any(n.kind.work for n in nodes)
+
+
         if isinstance(op, Wait):
-            if [n.event for n in waits] != [op.event] or records:
+            if [n.event for n in _only(sync, NodeKind.WAIT)] != [op.event]:
                 out.append(f"{g}: op {i} waits on event {op.event}; the graph holds {_what(nodes)} there")
         elif isinstance(op, Record):
-            if [n.event for n in records] != [op.event] or waits:
+            if [n.event for n in _only(sync, NodeKind.RECORD)] != [op.event]:
                 out.append(f"{g}: op {i} records event {op.event}; the graph holds {_what(nodes)} there")
-        elif isinstance(op, Kernel):
-            if waits or records or not any(n.kind.work for n in nodes):
-                out.append(f"{g}: op {i} ({op.what or 'kernel'}) is device work; the graph holds {_what(nodes)} there")
+        elif isinstance(op, FlagWait):
+            if [(n.flags, n.value) for n in _only(sync, NodeKind.VALUE_WAIT)] != [((op.flag,), op.value)]:
+                out.append(f"{g}: op {i} waits until flag {op.flag} reaches {op.value}; "
+                           f"the graph holds {_what(nodes)} there")
+        elif isinstance(op, FlagWrite):
+            writes = _only(sync, NodeKind.VALUE_WRITE)
+            flags = sorted(f for n in writes for f in n.flags)
+            if not writes or flags != sorted(op.flags) or any(n.value != op.value for n in writes):
+                out.append(f"{g}: op {i} writes {op.value} into flags {list(op.flags)}; "
+                           f"the graph holds {_what(nodes)} there")
+        elif isinstance(op, (Kernel, Copy, CopyToHost)):
+            if sync or not work:
+                what = (op.what or "kernel") if isinstance(op, Kernel) else type(op).__name__
+                out.append(f"{g}: op {i} ({what}) is device work; the graph holds {_what(nodes)} there")
         elif isinstance(op, (HostSync, HostWait, Replay)):
             out.append(f"{g}: op {i} ({type(op).__name__}) cannot be captured")
-        elif isinstance(op, Hold) and (waits or records):
+        elif isinstance(op, Hold) and sync:
             out.append(f"{g}: op {i} holds on a gate; the graph holds {_what(nodes)} there")
+        if isinstance(op, Copy):
+            copies.append((i, frozenset(span)))
+        elif isinstance(op, (Record, FlagWrite)):
+            for n in sync:
+                for j, copy in copies:
+                    if not copy <= model.ancestors[n.id]:
+                        out.append(f"{g}: op {i}'s {n.kind.value} node {n.id} is not ordered after copy op {j} "
+                                   "by the graph's edges, as the op list's order says")
     for n in model.nodes:
-        if n.id not in covered and n.kind in (NodeKind.WAIT, NodeKind.RECORD):
-            what = "waits on" if n.kind is NodeKind.WAIT else "records"
-            ev = f"event {n.event}" if n.event is not None else "an event the harness did not make"
-            out.append(f"{g}: node {n.id} {what} {ev}, which no captured op of the op list accounts for")
+        if n.kind is NodeKind.MEM_OP:
+            out.append(f"{g}: node {n.id} is a stream memory operation the check cannot read ({n.name})")
+        elif n.kind in (NodeKind.VALUE_WAIT, NodeKind.VALUE_WRITE) and not n.flags:
+            out.append(f"{g}: node {n.id} ({n.name}) is on an address that is none of the harness's flags")
+        elif n.id not in covered and n.kind in _SYNC:
+            out.append(f"{g}: node {n.id} {_verb(n)}, which no captured op of the op list accounts for")
     return out
+
+
+def _only(sync: Sequence[GraphNode], kind: NodeKind) -> list[GraphNode]:
+    """The synchronising nodes, when all are of `kind`; else none (the comparison then fails)."""
+    return list(sync) if all(n.kind is kind for n in sync) else []
 
 
 def _what(nodes: Sequence[GraphNode]) -> str:
     if not nodes:
         return "no node"
-    parts = [f"{n.kind.value}" + (f" on event {n.event}" if n.event is not None else "") for n in nodes[:4]]
+    parts = [_one(n) for n in nodes[:4]]
     more = f" and {len(nodes) - 4} more" if len(nodes) > 4 else ""
     return ", ".join(parts) + more
+
+
+def _verb(n: GraphNode) -> str:
+    """What a synchronising node does, as a sentence's predicate."""
+    if n.kind in (NodeKind.WAIT, NodeKind.RECORD):
+        what = "waits on" if n.kind is NodeKind.WAIT else "records"
+        return f"{what} " + (f"event {n.event}" if n.event is not None else "an event the harness did not make")
+    flags = ",".join(str(f) for f in n.flags)
+    if n.kind is NodeKind.VALUE_WAIT:
+        return f"waits until flag {flags} reaches {n.value}"
+    return f"writes {n.value} into flags {flags}"
+
+
+def _one(n: GraphNode) -> str:
+    if n.kind in (NodeKind.WAIT, NodeKind.RECORD):
+        on = f"event {n.event}" if n.event is not None else "an event the harness did not make"
+        return f"{n.kind.value} on {on}"
+    if n.kind in (NodeKind.VALUE_WAIT, NodeKind.VALUE_WRITE):
+        on = ",".join(str(f) for f in n.flags) or "an address that is no flag of the harness's"
+        return f"{n.kind.value} of {n.value} on flag {on}"
+    return n.kind.value
 
 
 # ---------------------------------------------------------------- one scenario's graphs
@@ -416,6 +582,9 @@ class GraphSummary:
     work_nodes: int
     steps: tuple[tuple[str, int], ...]  # (pool-touching step, its work nodes), in capture order
     mismatches: tuple[str, ...] = ()
+    value_wait_nodes: int = 0
+    value_write_nodes: int = 0
+    kinds: tuple[tuple[str, int], ...] = ()  # (node kind, how many), every kind the graph holds
 
 
 @dataclass(frozen=True)
@@ -457,7 +626,9 @@ def summarise(model: GraphModel, body: Sequence[Op]) -> GraphSummary:
         if isinstance(op, Kernel) and op.touches_pools
     )
     return GraphSummary(model.graph, model.source, len(model.nodes), model.count(NodeKind.WAIT),
-                        model.count(NodeKind.RECORD), model.work_nodes, steps, tuple(compare_record(body, model)))
+                        model.count(NodeKind.RECORD), model.work_nodes, steps, tuple(compare_record(body, model)),
+                        model.count(NodeKind.VALUE_WAIT), model.count(NodeKind.VALUE_WRITE),
+                        tuple((k.value, model.count(k)) for k in NodeKind if model.count(k)))
 
 
 def check_graphs(trace: Trace, source: GraphSource) -> GraphCheck:
