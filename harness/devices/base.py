@@ -279,8 +279,7 @@ class Device(abc.ABC):
 
     # ---- the device_module-like surface -----------------------------------------
     @abc.abstractmethod
-    def Stream(self, name: str, *, torch_stream: bool = False) -> Stream:  # noqa: N802 - mirrors device_module.Stream
-        """`torch_stream`: also usable where torch wants a stream (CUDA; the simulator has none)."""
+    def Stream(self, name: str) -> Stream:  # noqa: N802 - mirrors device_module.Stream
         ...
 
     @abc.abstractmethod

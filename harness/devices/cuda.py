@@ -67,15 +67,6 @@ class CudaStream(Stream):
             self.raw.wait_event(raw)
 
 
-class TorchCudaStream(CudaStream, torch.cuda.ExternalStream):  # type: ignore[misc]
-    """A harness stream that is also a torch stream (over the same CUDA stream), for code that
-    hands its streams to torch: the engine's load-back code calls `Tensor.record_stream(stream)`
-    and `stream.synchronize()` on the streams it makes. The harness's methods come first."""
-
-    def __new__(cls, device: CudaDevice, raw: torch.cuda.Stream, name: str) -> TorchCudaStream:
-        return torch.cuda.ExternalStream.__new__(cls, raw.cuda_stream, device=raw.device)
-
-
 class CudaEvent(Event):
     def __init__(self, device: CudaDevice, external: bool, created: bool = True):
         self._device = device
@@ -327,11 +318,8 @@ class CudaDevice(Device):
         self._name_stream(s)
         return s
 
-    def Stream(self, name: str, *, torch_stream: bool = False) -> CudaStream:  # noqa: N802
-        raw = torch.cuda.Stream(self.torch_device)
-        if torch_stream:  # made here, so no wrapper of it exists yet
-            self._streams[raw.cuda_stream] = TorchCudaStream(self, raw, name)
-        s = self._wrap(raw, name)
+    def Stream(self, name: str) -> CudaStream:  # noqa: N802
+        s = self._wrap(torch.cuda.Stream(self.torch_device), name)
         self._owned.add(s)
         return s
 

@@ -247,7 +247,7 @@ class SimDevice(Device):
         self._stack: list[SimStream] = [self.Stream("default")]
 
     # ---- device_module surface -------------------------------------------
-    def Stream(self, name: str, *, torch_stream: bool = False) -> SimStream:  # noqa: N802
+    def Stream(self, name: str) -> SimStream:  # noqa: N802
         s = SimStream(self, name)
         self._streams.add(s)
         self._name_stream(s)

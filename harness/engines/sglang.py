@@ -146,8 +146,7 @@ class DeviceModule:
 
     def Stream(self, *args, **kwargs):  # noqa: N802 - mirrors torch.cuda.Stream
         """A stream the engine makes: its transfer engine's, of which only host-to-device runs here."""
-        # Also a torch stream: the engine records its CUDA index tensors on it (record_stream).
-        return self.dev.Stream("load", torch_stream=True)
+        return self.dev.Stream("load")
 
 
 @functools.lru_cache(maxsize=1)
