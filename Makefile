@@ -47,7 +47,7 @@ $(ENGINE_VENV)/.installed: pyproject.toml
 
 test-engine: $(ENGINE_VENV)/.installed
 	$(EPY) -m pytest -q -m "not gpu" -p no:cacheprovider tests/test_engine_sglang.py tests/test_engine_matrix.py \
-		tests/test_engine_hybrid_releases.py tests/test_engine_kernel_backend.py
+		tests/test_engine_hybrid_releases.py
 
 # Each release installed with pip --no-deps --target $(ENGINES_DIR)/sglang-VERSION beside the engine
 # venv (its deps: the `.[sglang]` extra), then run in its own process; one table, one results.json.

@@ -299,7 +299,7 @@ def test_the_engines_host_pool_holds_the_harnesss_host_data():
 def test_the_copy_kernel_is_what_fills_the_pools(monkeypatch):
     from harness.engines.sglang_load import EngineLoad
 
-    monkeypatch.setattr(EngineLoad, "_copy_layer", lambda self, *a, **k: None)
+    monkeypatch.setattr(EngineLoad, "transfer_kv_direct", lambda self, *a, **k: None)
     with pytest.raises(ValueError, match="read poison"):  # ground truth loads through the same chain
         run_scenario(_attention(), SimDevice(), replays=2)
 
@@ -315,136 +315,6 @@ def test_a_host_sync_in_the_engines_load_chain_is_an_error_not_a_clean(monkeypat
     monkeypatch.setattr(cls, "load_to_device_per_layer", synced)
     r = run_scenario(_attention(), SimDevice(), replays=2)
     assert r.error is not None and "host synchronised" in r.error and r.observed is None
-
-
-def test_the_attention_chain_runs_on_a_servers_default_backend_and_layout():
-    b = Testbed(_attention(), SimDevice())
-    el = b.engine_load
-    assert el.controller.io_backend == "kernel" and el.host_pool.layout == "layer_first"
-    mod = adapter.load().modules[adapter.HOST_MHA]
-    # Both kernels the host pool may call for them are the harness's stand-ins, bound to this chain.
-    assert mod.transfer_kv_per_layer == el.transfer_kv_per_layer
-    assert mod.jit_transfer_hicache_one_layer == el.transfer_hicache_one_layer
-
-
-def _indices_read_on_the_host(monkeypatch):
-    """Every host read of a tensor the copy kernel is given, while it runs (each one a device sync on CUDA)."""
-    import torch
-
-    from harness.engines.sglang_load import EngineLoad
-
-    given: set[int] = set()
-    reads: list[str] = []
-    original = EngineLoad._copy_layer
-
-    def watched(self, kernel, pairs, src_indices, dst_indices):
-        given.update({id(src_indices), id(dst_indices)})
-        try:
-            original(self, kernel, pairs, src_indices, dst_indices)
-        finally:
-            given.clear()
-
-    monkeypatch.setattr(EngineLoad, "_copy_layer", watched)
-    for name in ("tolist", "cpu", "item", "numpy", "__bool__", "__int__", "__index__", "__iter__", "__array__",
-                 "__len__"):
-        method = getattr(torch.Tensor, name)
-
-        def read(self, *a, _method=method, _name=name, **k):
-            if id(self) in given:
-                reads.append(_name)
-            return _method(self, *a, **k)
-
-        monkeypatch.setattr(torch.Tensor, name, read)
-    return reads
-
-
-def test_the_copy_kernel_never_reads_its_index_tensors_on_the_host(monkeypatch):
-    reads = _indices_read_on_the_host(monkeypatch)
-    r = run_scenario(_attention(), SimDevice(), replays=3)
-    assert r.error is None and r.tally.replays == 3
-    assert reads == []
-
-
-def test_the_host_read_watch_has_teeth(monkeypatch):
-    from harness.engines.sglang_load import EngineLoad
-
-    original = EngineLoad._copy_layer
-
-    def reading(self, kernel, pairs, src_indices, dst_indices):
-        src_indices.tolist()  # what a stand-in planning from the kernel's arguments would do
-        original(self, kernel, pairs, src_indices, dst_indices)
-
-    monkeypatch.setattr(EngineLoad, "_copy_layer", reading)
-    reads = _indices_read_on_the_host(monkeypatch)
-    run_scenario(_attention(), SimDevice(), replays=1)
-    assert "tolist" in reads
-
-
-@pytest.mark.parametrize("swap", ["host", "device"])
-def test_rows_other_than_the_loads_given_to_the_kernel_break_the_contract(monkeypatch, swap):
-    """The engine's move_indices handing the kernel other rows: caught on the device, reported at the
-    next load op's start (the host reads the flag's copy, never the indices)."""
-    cls = adapter.load().controller.HiCacheController
-    original = cls.move_indices
-
-    def moved(self, host_indices, device_indices):
-        h, d = original(self, host_indices, device_indices)
-        return (h.flip(0), d) if swap == "host" else (h, d.flip(0))
-
-    monkeypatch.setattr(cls, "move_indices", moved)
-    r = run_scenario(_attention(), SimDevice(), replays=2)
-    assert r.error is not None and "rows other than the ones the load passed" in r.error and r.observed is None
-
-
-def test_the_contract_flag_is_clear_after_a_clean_run_and_set_by_one_wrong_call():
-    import torch
-
-    from harness.engines.sglang_load import DeviceContract
-    from harness.records.errors import EngineContractBroken
-
-    c = DeviceContract(torch.arange(4), torch.arange(8, 12), pinned=False)
-    c.fold("k", torch.arange(4), torch.arange(8, 12))
-    c.publish()
-    c.check("k")
-    with pytest.raises(EngineContractBroken, match="shape"):
-        c.fold("k", torch.arange(3), torch.arange(8, 11))
-    c.fold("k", torch.arange(4), torch.tensor([8, 9, 11, 10]))
-    c.check("k")  # not yet published: the host has not seen it
-    c.publish()
-    with pytest.raises(EngineContractBroken, match="rows other than"):
-        c.check("k")
-
-
-@pytest.mark.parametrize("layers, pools", [("AAAA", {"MHATokenToKVPoolHost"}),
-                                          ("AMAM", {"MHATokenToKVPoolHost", "MambaPoolHost"})])
-def test_the_engines_host_pools_are_destroyed_before_their_memory_is_freed(monkeypatch, layers, pools):
-    """Pinned by cudaHostRegister, unregistered only by the engine's destroy: a chain that goes must
-    destroy its host pools while their buffers live, or the next pool allocated over that memory cannot
-    register it (what a second chain in one process met on a GPU)."""
-    import gc
-
-    m = adapter.load().modules
-    destroyed: list[int] = []
-    for cls in (m[adapter.HOST_MHA].MHATokenToKVPoolHost, m[adapter.HOST_MAMBA].MambaPoolHost):
-        original = cls.destroy
-
-        def destroy(self, _original=original):
-            assert self.kv_buffer is not None  # still alive: unregistered before it is freed
-            destroyed.append(id(self))
-            _original(self)
-
-        monkeypatch.setattr(cls, "destroy", destroy)
-    s = _attention() if layers == "AAAA" else _execute(layers)
-    first = Testbed(s, SimDevice())
-    el = first.engine_load
-    mine = {id(p): type(p).__name__ for p in (getattr(el, "host_pool", None), getattr(el, "kv_host", None),
-                                              getattr(el, "mamba_host", None)) if p is not None}
-    gc.collect()  # earlier chains (earlier tests') go first: only this chain's pools are watched below
-    assert set(mine.values()) == pools and not set(destroyed) & set(mine)
-    del first, el
-    Testbed(s, SimDevice())  # the next chain takes the engine modules' kernel names over
-    gc.collect()
-    assert sorted(i for i in destroyed if i in mine) == sorted(mine)
 
 
 def test_the_kernel_copies_each_run_of_consecutive_rows_once():

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from harness.devices.base import Device
-from harness.engines.sglang_load import Allocator, ChainLoad, EngineLoad, OneRank, release_with
+from harness.engines.sglang_load import Allocator, ChainLoad, EngineLoad, OneRank
 from harness.engines.sglang_pools import construct
 from harness.protocol.layout import Layout, Pool
 from harness.protocol.pools import HostPool
@@ -98,7 +98,6 @@ class HybridLoad(ChainLoad):
         self.kv_host = (EngineLoad._host_pool(mods.host_mha.MHATokenToKVPoolHost, full, layout, dev, MEM_LAYOUT)
                         if self.attention else None)
         self.mamba_host = _mamba_host_pool(mods.host_mamba.MambaPoolHost, mamba_pool, dev)
-        release_with(self, self.kv_host, self.mamba_host)
         self._fill(host)
 
         storage = mods.storage

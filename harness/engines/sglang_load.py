@@ -1,32 +1,18 @@
 """SGLang's own load chain, filling the engine's device pools from its own host pool.
 
 One load op is the engine's code end to end: `HiCacheController.load` (the allocator hands
-out the slots, `move_indices` puts the host rows on the device without waiting),
-`HiCacheController.start_loading` (producer slot, start event on the scheduling stream, the
-L2 transfer engine's `submit_host_to_device` on its host-to-device stream), the engine's host
-pool `MHATokenToKVPoolHost.load_to_device_per_layer` with the `kernel` I/O backend and the
-`layer_first` layout (a server's defaults, `hicache_io_backend` / `hicache_mem_layout`), and
-`on_layer_done` (the engine's `LayerLoadingEvent.complete`) after each layer
-(`sglang/srt/managers/cache_controller.py`, `mem_cache/l2_transfer.py`, `mem_cache/pool_host/mha.py`).
+out the slots), `HiCacheController.start_loading` (producer slot, start event on the
+scheduling stream, the L2 transfer engine's `submit_host_to_device` on its host-to-device
+stream), the engine's host pool `MHATokenToKVPoolHost.load_to_device_per_layer` with the
+`direct` I/O backend, and `on_layer_done` (the engine's `LayerLoadingEvent.complete`)
+after each layer (`sglang/srt/managers/cache_controller.py`, `mem_cache/l2_transfer.py`,
+`mem_cache/pool_host/mha.py`).
 
-Why the kernel backend: the `direct` backend's `move_indices` reads the device slots back to
-the host (`device_indices.cpu()`), a host synchronisation before every load op's copies are
-enqueued, which a server on its defaults never makes; it hands the copies the host's whole
-enqueue time as a head start and hides the race the default path has.
-
-Only the compiled copy kernel is the harness's: `transfer_kv_per_layer` (from
-`sgl_kernel.kvcacheio`) and the JIT kernel the host pool prefers where it compiles
-(`transfer_hicache_one_layer`, imported as `jit_transfer_hicache_one_layer`); both take the
-rows as device index tensors. The stand-in never reads those tensors on the host (that
-would be the very synchronisation the backend avoids): the harness knows which host rows and
-device slots it passed to `HiCacheController.load`, plans the copies from them once (one
-`copy_async` of the harness device per run of consecutive rows, so the op list and the
-analyser see every copy) and checks the kernel's contract on the device: each call folds
-`(indices != planned).any()` into a device flag on the copy's stream and copies it,
-without waiting, into pinned host memory; `start` reads that host copy (no device call) and
-a mismatch is `EngineContractBroken`; `verify` reads it after a synchronise. It applies the
-scenario's fault as the harness's `LoadOp` does: the gate holds the stream before the op's
-first copy, the delay comes before each layer's copies.
+Only the compiled copy kernel is the harness's: `transfer_kv_direct` (from `sgl_kernel`),
+written with the harness device's `copy_async` so the op list and the analyser see every
+copy with the device region it writes and the host rows it reads. It applies the
+scenario's fault as the harness's `LoadOp` does: the gate holds the stream before the
+op's first copy, the delay comes before each layer's copies.
 
 Stand-ins, only for what needs a server, each the smallest the code path reads:
 - the token-to-KV allocator: `get_kvcache` (the engine's device pool), `alloc` (the slots
@@ -46,7 +32,6 @@ from __future__ import annotations
 
 import inspect
 import threading
-import weakref
 from typing import Any
 
 import torch
@@ -60,11 +45,8 @@ from harness.records.errors import EngineContractBroken
 from harness.records.faults import FaultPlan
 from harness.records.trace import Region
 
-# A server's default I/O backend and host layout (`hicache_io_backend`, `hicache_mem_layout`).
-IO_BACKEND, MEM_LAYOUT = "kernel", "layer_first"
-# The compiled kernels the engine's host pool calls for them, by their names in its module:
-# sgl_kernel's, and the JIT one it prefers where that compiles.
-KERNEL, JIT_KERNEL = "transfer_kv_per_layer", "jit_transfer_hicache_one_layer"
+# The copy kernel the engine's host pool calls for the `direct` backend and `layer_first` layout.
+KERNEL = "transfer_kv_direct"
 
 
 class OneRank:
@@ -99,24 +81,6 @@ def _runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
         else:
             runs.append((s, d, 1))
     return runs
-
-
-def release_with(owner: object, *host_pools: Any) -> None:
-    """The engine's `destroy` of each host pool when `owner` goes, before the pools' memory is freed.
-
-    The engine pins a host pool's buffers with `cudaHostRegister` and unregisters them only in
-    `destroy` (a server's shutdown). A buffer freed while registered leaves its range registered
-    with the driver, and the next host pool allocated over that range fails to register (the
-    engine's error path then raises `TypeError` from `cudaGetErrorString(int)`, hiding the code).
-    The callback holds the pools, so their buffers outlive the unregistration."""
-    weakref.finalize(owner, _destroy, [p for p in host_pools if p is not None])
-
-
-def _destroy(host_pools: list[Any]) -> None:
-    for pool in host_pools:
-        destroy = getattr(pool, "destroy", None)
-        if destroy is not None:
-            destroy()
 
 
 class ChainLoad:
@@ -197,26 +161,21 @@ class EngineLoad(ChainLoad):
         self.attention = list(s.attention_layers)
         controller_mod.device_module = device_module
         transfer_mod.device_module = device_module  # the engine's streams and events on the harness device
-        setattr(host_mod, KERNEL, self.transfer_kv_per_layer)  # the compiled kernels are the harness's
-        setattr(host_mod, JIT_KERNEL, self.transfer_hicache_one_layer)
+        setattr(host_mod, KERNEL, self.transfer_kv_direct)  # the compiled kernel is the harness's
         loaded = [r for r in layout.requests if len(r.prefix)]
         host_rows = [r.host_offset + i for r in loaded for i in range(len(r.prefix))]
         slots = [r.prefix.start + i for r in loaded for i in range(len(r.prefix))]
         self.host_indices = torch.tensor(host_rows, dtype=torch.int64)
-        self.runs = _runs(host_rows, slots)  # the copies, planned on the host from what load is given
         self.host_pool = self._host_pool(host_mod.MHATokenToKVPoolHost, kv_pool, layout, dev)
-        release_with(self, self.host_pool)
         for a in range(len(self.attention)):  # the harness's seeded data, so ground truth matches
             self.host_pool.k_buffer[a, : layout.total_prefix].copy_(host.k[a])
             self.host_pool.v_buffer[a, : layout.total_prefix].copy_(host.v[a])
         device = getattr(kv_pool, "device", "cpu")
         self.allocator = Allocator(kv_pool, torch.tensor(slots, dtype=torch.int64, device=device))
-        self.contract = DeviceContract(self.host_indices.to(device), self.allocator.slots.clone(),
-                                       pinned=dev.torch_device.type == "cuda")
         self.controller = construct(
             controller_mod.HiCacheController, token_to_kv_pool_allocator=self.allocator,
             mem_pool_host=self.host_pool, page_size=s.page_size, tp_group=OneRank(),
-            load_cache_event=threading.Event(), io_backend=IO_BACKEND, write_policy="write_through")
+            load_cache_event=threading.Event(), io_backend="direct", write_policy="write_through")
         self.counter = self.controller.layer_done_counter
         self.stream = self.controller.l2_transfer_engine.host_to_device_stream
         mha = getattr(kv_pool, "full_kv_pool", kv_pool)
@@ -226,7 +185,7 @@ class EngineLoad(ChainLoad):
         self.copies = 0
 
     @staticmethod
-    def _host_pool(cls: Any, kv_pool: Any, layout: Layout, dev: Device, mem_layout: str = MEM_LAYOUT) -> Any:
+    def _host_pool(cls: Any, kv_pool: Any, layout: Layout, dev: Device, mem_layout: str = "layer_first") -> Any:
         """The engine's host pool for the device pool, by its constructor's signature."""
         capacity = int(kv_pool.size)
         ratio = max(2.0, (layout.total_prefix + 2 * layout.shape.page_size) / capacity + 1)
@@ -239,68 +198,16 @@ class EngineLoad(ChainLoad):
             known["buffer_info"] = info.buffer_info
         return construct(cls, **known)
 
-    def start(self, fault: FaultPlan, gate: Any, listeners: Any) -> LoadOp:
-        self.contract.check(f"{KERNEL} (or {JIT_KERNEL})")  # the earlier ops' calls, as far as they ran
-        return super().start(fault, gate, listeners)
-
-    def verify(self) -> None:
-        """Every kernel call so far kept the contract (call after a synchronise)."""
-        self.contract.check(f"{KERNEL} (or {JIT_KERNEL})")
-
-    def transfer_kv_per_layer(self, src_k: torch.Tensor, dst_k: torch.Tensor, src_v: torch.Tensor,
-                              dst_v: torch.Tensor, src_indices: torch.Tensor, dst_indices: torch.Tensor,
-                              item_size: int) -> None:
-        """sgl_kernel's kernel: rows `src_indices` of the host layers into rows `dst_indices` of the
-        device layers, on the current stream (`item_size`: a row's bytes, the views carry it)."""
-        self._copy_layer(KERNEL, ((src_k, dst_k), (src_v, dst_v)), src_indices, dst_indices)
-
-    def transfer_hicache_one_layer(self, *, k_cache_dst: torch.Tensor, v_cache_dst: torch.Tensor,
-                                   k_cache_src: torch.Tensor, v_cache_src: torch.Tensor,
-                                   indices_dst: torch.Tensor, indices_src: torch.Tensor, **tuning: Any) -> None:
-        """The JIT kernel: the same copy (`page_size`, `element_dim` and the like only tune it)."""
-        self._copy_layer(JIT_KERNEL, ((k_cache_src, k_cache_dst), (v_cache_src, v_cache_dst)),
-                         indices_src, indices_dst)
-
-    def _copy_layer(self, kernel: str, pairs: tuple[tuple[torch.Tensor, torch.Tensor], ...],
-                    src_indices: torch.Tensor, dst_indices: torch.Tensor) -> None:
-        """One layer's copies, planned from the rows the harness passed to `load`, with the fault
-        applied; the index tensors are only compared on the device, never read on the host."""
-        pools, layer = self._layer(kernel, [d for _, d in pairs])
-        self._begin(kernel, layer)
-        self.contract.fold(kernel, src_indices, dst_indices)
-        for (s_t, d_t), pool in zip(pairs, pools, strict=True):
-            for s0, d0, n in self.runs:
+    def transfer_kv_direct(self, src_layers: list[torch.Tensor], dst_layers: list[torch.Tensor],
+                           src_indices: torch.Tensor, dst_indices: torch.Tensor, page_size: int) -> None:
+        """The compiled kernel's contract: copy rows `src_indices` of each source layer into rows
+        `dst_indices` of its destination, on the current stream; with the fault applied."""
+        src, dst = src_indices.tolist(), dst_indices.tolist()
+        runs = _runs(src, dst)
+        pools, layer = self._layer(KERNEL, dst_layers)
+        self._begin(KERNEL, layer)
+        for s_t, d_t, pool in zip(src_layers, dst_layers, pools, strict=True):
+            for s0, d0, n in runs:
                 self.dev.copy_async(d_t[d0:d0 + n], s_t[s0:s0 + n], Region(pool, layer, d0, d0 + n),
                                     Region(Pool.on_host(self.host.name, pool), layer, s0, s0 + n))
                 self.copies += 1
-        self.contract.publish()
-
-
-class DeviceContract:
-    """The kernel's index tensors checked against the planned ones on the device.
-
-    `fold` compares them on the current stream (the copy's) into a device flag; `publish`
-    copies the flag into host memory without waiting; `check` reads that host copy, which
-    holds every call the device has run so far (all of them after a synchronise)."""
-
-    def __init__(self, src: torch.Tensor, dst: torch.Tensor, pinned: bool):
-        self.src, self.dst = src, dst
-        self.broken = torch.zeros((), dtype=torch.bool, device=src.device)
-        self.seen = torch.zeros((), dtype=torch.bool, pin_memory=pinned)
-
-    def fold(self, kernel: str, src: torch.Tensor, dst: torch.Tensor) -> None:
-        # Shapes and devices are the tensors' metadata on the host: checked at once, no sync.
-        for name, got, want in (("host", src, self.src), ("device", dst, self.dst)):
-            if got.shape != want.shape or got.device != want.device:
-                raise EngineContractBroken(
-                    f"{kernel} was given {name} rows of shape {tuple(got.shape)} on {got.device}; the load "
-                    f"passed {tuple(want.shape)} on {want.device}")
-        self.broken |= (src != self.src).any() | (dst != self.dst).any()
-
-    def publish(self) -> None:
-        self.seen.copy_(self.broken, non_blocking=True)
-
-    def check(self, kernel: str) -> None:
-        if bool(self.seen):
-            raise EngineContractBroken(f"{kernel} was given rows other than the ones the load passed to "
-                                       "HiCacheController.load")
