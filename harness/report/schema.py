@@ -73,8 +73,10 @@ A document is one JSON object::
                                 forward_start_ms, forward_start_p25_ms?, forward_start_p75_ms?}]}:
                     `fence-harness bench` (an arm is a fence, or FENCE+SCHEDULE)
     checking        (optional) {clock, points: [{shape, device_ms, device_p10_ms, device_p90_ms, replays,
-                                replays_per_s, per_replay_ms, overhead, device_bound_replays_per_s,
-                                stale_replays}]}: `fence-harness checking`
+                                replays_per_s, per_replay_ms, overhead, within_target, target,
+                                device_bound_replays_per_s, poison_ms, look_ms, idle_ms,
+                                stale_replays}]}: `fence-harness checking` (device_ms: load + replay,
+                                from device events in the checked run itself)
     strategies      (optional) {cells: [{scenario, strategy, stale_replays, replays, findings,
                                 error, ok}]}: `fence-harness fences`
     soak            (optional) the counts of a `fence-harness soak` (see the README)
