@@ -20,9 +20,9 @@ from harness.model.stack import ProbeSet
 from harness.protocol.layout import plan_layout
 from harness.records.scenario import Backend, DType, Expect, Fault, ModelShape, Request, Scenario, Tolerance
 from harness.records.trace import Kernel, Replay
+from harness.run.checking import checked_replayer
 from harness.run.oracle import Oracle, _not_within
-from harness.run.replay import Replayer, Stopwatch, ground_truth
-from harness.run.testbed import Testbed
+from harness.run.replay import Replayer, Stopwatch
 
 SHAPE = ModelShape(layers="AMAM", hidden=64, heads=2, kv_heads=1, head_dim=32, state=4)
 
@@ -39,12 +39,8 @@ def scenario(**kw) -> Scenario:
     return base.with_overrides(**kw)
 
 
-def replayer(s: Scenario, runner=None) -> Replayer:
-    tb = Testbed(s, SimDevice())
-    oracle = ground_truth(tb, 30.0)
-    tb.set_waits(tb.accessor)
-    tb.setup_fence()
-    return Replayer(tb, runner or tb.runner(Backend.FULL), 30.0, None, oracle)
+def replayer(s: Scenario) -> Replayer:
+    return checked_replayer(SimDevice(), s)  # the loop run_scenario builds
 
 
 def uncaptured(r: Replayer) -> Replayer:

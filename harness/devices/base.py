@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import gc
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +40,19 @@ from harness.records.trace import (
     SpanKind,
     Trace,
 )
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cycle collector off for the block (and back on after, if it was on): a pause
+    mid-replay is host jitter, and a graph it frees mid-capture invalidates the capture."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 class Stream(abc.ABC):

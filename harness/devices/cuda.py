@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from harness.devices import nvml
-from harness.devices.base import Device, Event, Flags, Gate, Graph, Stream, _Capture, _Stream
+from harness.devices.base import Device, Event, Flags, Gate, Graph, Stream, _Capture, _Stream, collector_paused
 from harness.devices.cuda_graph import GraphReader
 from harness.records.errors import (
     DeviceUnavailable,
@@ -405,13 +405,8 @@ class CudaDevice(Device):
         # The collector stays off while capturing: freeing an old graph (a cycle the collector
         # breaks) mid-capture destroys it under capture, which invalidates the capture.
         gc.collect()
-        was_on = gc.isenabled()
-        gc.disable()
-        try:
+        with collector_paused():
             return self._capture_graph(fn, warmup)
-        finally:
-            if was_on:
-                gc.enable()
 
     def _capture_graph(self, fn: Callable[[], None], warmup: int) -> CudaGraph:
         # Capture on a side stream, never the default one (a legacy-stream capture fails),

@@ -16,15 +16,14 @@ The overhead is `1 / rate` past the device bound, as a fraction of it; the targe
 
 from __future__ import annotations
 
-import gc
 import statistics
 import time
 from dataclasses import dataclass
 
-from harness.devices.base import Device
+from harness.devices.base import Device, collector_paused
 from harness.records.scenario import Backend, Expect, ModelShape, Request, Scenario
 from harness.run.oracle import Tally
-from harness.run.replay import Replayer, ReplayTimes, Stopwatch, ground_truth
+from harness.run.replay import Replayer, ReplayTimes, Stopwatch, armed
 from harness.run.testbed import Testbed
 
 TARGET = 0.10  # the harness's own work per replay, at most this fraction of the device bound
@@ -107,11 +106,7 @@ def checked_replayer(dev: Device, scenario: Scenario, timeout_s: float = 30.0) -
     """The replay loop `run_scenario` builds for a scenario with no gate and no pressure: testbed,
     ground truth, the accessor's waits, the fence's set-up, the runner, then the loop."""
     tb = Testbed(scenario, dev, timeout_s)
-    oracle = ground_truth(tb, timeout_s)
-    tb.set_waits(tb.accessor)
-    tb.setup_fence()
-    runner = tb.runner(scenario.backend)
-    dev.synchronize(timeout_s)
+    oracle, runner = armed(tb, timeout_s)
     return Replayer(tb, runner, timeout_s, None, oracle)
 
 
@@ -129,16 +124,11 @@ def checked_run(replayer: Replayer, replays: int, warmup: int | None = None) -> 
     for _ in replayer.replays(range(warmup if warmup is not None else replayer.observer.batch), fault):
         pass
     stopwatch, tally = Stopwatch(), Tally()
-    gc_was_on = gc.isenabled()
-    gc.disable()  # as run_scenario does
-    t0 = time.perf_counter()
-    try:
+    with collector_paused():  # as run_scenario does
+        t0 = time.perf_counter()
         for verdict in replayer.replays(range(replays), fault, stopwatch):
             tally.add(verdict)
         wall = time.perf_counter() - t0
-    finally:
-        if gc_was_on:
-            gc.enable()
     return CheckedRun(replays / wall if wall else 0.0, tally, stopwatch.times)
 
 

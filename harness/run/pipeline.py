@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.devices.base import Device, Gate
+from harness.devices.base import Device, Gate, collector_paused
 from harness.devices.pressure import Contention, contention
 from harness.model.runners import Runner
 from harness.records.analysis import Finding, find_races
@@ -28,7 +28,7 @@ from harness.records.rates import Rate, Until
 from harness.records.scenario import Expect, FaultKind, Scenario
 from harness.records.trace import Span, Trace
 from harness.run.oracle import Oracle, ReplayVerdict, Tally
-from harness.run.replay import Replayer, ground_truth, open_gate
+from harness.run.replay import Replayer, armed, open_gate
 from harness.run.testbed import Testbed
 from harness.run.verdict import Verdict, decide
 
@@ -140,11 +140,7 @@ def run_scenario(
         # A pressure fault's process starts now: its start-up overlaps the build and the capture.
         pressure = contention(scenario.fault, dev.torch_device)
         tb = Testbed(scenario, dev, timeout_s)
-        oracle = ground_truth(tb, timeout_s)
-        tb.set_waits(tb.accessor)
-        tb.setup_fence()
-        runner = tb.runner(scenario.backend)
-        dev.synchronize(timeout_s)
+        oracle, runner = armed(tb, timeout_s)
         gate, fault, result.fault_mode = open_gate(tb, timeout_s)
         replay = Replayer(tb, runner, timeout_s, gate, oracle)  # it captures the harness's own graphs
         result.fault_mode = pressure.ready() or result.fault_mode  # every graph captured: contend from here
@@ -167,25 +163,22 @@ def run_scenario(
         result.clock = dev.clock
         result.timeline_stale_layers = tuple(sorted(traced.layers))
         result.timeline_backup_layers = tuple(sorted(traced.backup_layers))
-        gc_was_on = gc.isenabled()
-        gc.disable()  # a collector pause mid-replay is host jitter the race test need not see
         t1 = time.perf_counter()
         try:
-            for us, point_fault in points:
-                point = SweepPoint(us, Tally())
-                while due := _due(point.tally, n, until, replay.observer.batch):
-                    start = point.tally.replays
-                    for i, verdict in enumerate(replay.replays(range(start, start + due), point_fault), start):
-                        result.tally.add(verdict)
-                        point.tally.add(verdict)
-                        if on_replay:
-                            on_replay(i, verdict)
-                if fault.kind is FaultKind.SWEEP:
-                    result.sweep.append(point)
+            with collector_paused():  # a collector pause mid-replay is host jitter the race test need not see
+                for us, point_fault in points:
+                    point = SweepPoint(us, Tally())
+                    while due := _due(point.tally, n, until, replay.observer.batch):
+                        start = point.tally.replays
+                        for i, verdict in enumerate(replay.replays(range(start, start + due), point_fault), start):
+                            result.tally.add(verdict)
+                            point.tally.add(verdict)
+                            if on_replay:
+                                on_replay(i, verdict)
+                    if fault.kind is FaultKind.SWEEP:
+                        result.sweep.append(point)
         finally:
             result.replay_s = time.perf_counter() - t1
-            if gc_was_on:
-                gc.enable()
         ended = True
     except HarnessError as e:  # a plugin's failure (PluginError) is one of these
         result.error = str(e)

@@ -81,6 +81,17 @@ class _Unmarked(Marks):
 UNMARKED = _Unmarked()  # a replay that is not timed
 
 
+def armed(tb: Testbed, timeout_s: float) -> tuple[Oracle, Runner]:
+    """What every replay loop starts from: the testbed's ground truth, then the accessor's waits,
+    the fence's set-up and the runner (its graph captured), with the device quiet."""
+    oracle = ground_truth(tb, timeout_s)
+    tb.set_waits(tb.accessor)
+    tb.setup_fence()
+    runner = tb.runner(tb.scenario.backend)
+    tb.dev.synchronize(timeout_s)
+    return oracle, runner
+
+
 def ground_truth(tb: Testbed, timeout_s: float) -> Oracle:
     """The replay's steps with every load landed (host-synced) before the eager forward.
 
