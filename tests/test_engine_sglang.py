@@ -321,7 +321,45 @@ def test_the_kernel_copies_each_run_of_consecutive_rows_once():
     from harness.engines.sglang_load import _runs
 
     assert _runs([0, 1, 2, 7, 8], [16, 17, 18, 32, 34]) == [(0, 16, 3), (7, 32, 1), (8, 34, 1)]
+    assert _runs([5, 4, 3], [0, 1, 2]) == [(5, 0, 1), (4, 1, 1), (3, 2, 1)]
     assert _runs([], []) == []
+
+
+@pytest.mark.parametrize("layers, chain", [("AAAA", "EngineLoad"), ("AMAM", "HybridLoad")])
+def test_each_kernel_call_is_planned_once_and_replayed_with_the_same_copies(layers, chain, monkeypatch):
+    # The compiled kernel spends no host time per row; a stand-in rebuilding its runs and views on
+    # every load op would hold the host long enough to hide the race at serving shapes.
+    from harness.engines import sglang_hybrid_load, sglang_load
+
+    klass = getattr(sglang_hybrid_load if chain == "HybridLoad" else sglang_load, chain)
+    kernel = "transfer_kv_direct" if chain == "EngineLoad" else "transfer_kv_per_layer_direct_pf_lf"
+    calls: dict[str, int] = {}
+    _spy(monkeypatch, calls, klass, "_plan")
+    _spy(monkeypatch, calls, klass, kernel)
+    s = _execute(layers)
+    r = run_scenario(s, SimDevice(), replays=3)
+    assert r.error is None, r.error
+    kernel_calls, planned = calls[f"{chain}.{kernel}"], calls[f"{chain}._plan"]
+    assert kernel_calls >= 3 * planned  # at least three load ops made the same calls
+    assert 0 < planned <= 2 * s.model.num_layers  # one per distinct call: per layer (and pool group)
+
+
+@pytest.mark.parametrize("layers", ["AAAA", "AMAM"])
+def test_the_engines_host_pools_are_destroyed_when_their_chain_is_dropped(layers, monkeypatch):
+    import gc
+
+    destroyed: list[str] = []
+    eng = adapter.load()
+    for mod, cls in ((adapter.HOST_MHA, "MHATokenToKVPoolHost"), (adapter.HOST_MAMBA, "MambaPoolHost")):
+        klass = getattr(eng.modules[mod], cls)
+        monkeypatch.setattr(klass, "destroy", lambda self, _c=cls: destroyed.append(_c), raising=False)
+    b = Testbed(_execute(layers), SimDevice())
+    want = sorted(type(p).__name__ for p in (getattr(b.engine_load, n, None)
+                                              for n in ("host_pool", "kv_host", "mamba_host")) if p is not None)
+    assert destroyed == []
+    del b
+    gc.collect()
+    assert sorted(destroyed) == want
 
 
 def test_an_allocation_the_layout_did_not_place_is_an_error():

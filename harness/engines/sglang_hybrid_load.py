@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from harness.devices.base import Device
-from harness.engines.sglang_load import Allocator, ChainLoad, EngineLoad, OneRank
+from harness.engines.sglang_load import Allocator, ChainLoad, EngineLoad, OneRank, Plan
 from harness.engines.sglang_pools import construct
 from harness.protocol.layout import Layout, Pool
 from harness.protocol.pools import HostPool
@@ -79,7 +79,7 @@ class HybridLoad(ChainLoad):
         for mod in (mods.controller, mods.transfer):
             mod.device_module = device_module  # the engine's streams and events on this device
         for mod in (mods.host_mha, mods.host_mamba):
-            setattr(mod, KERNEL, self.transfer_kv_per_layer_direct_pf_lf)  # the compiled kernel is the harness's
+            self._install_kernel(mod, KERNEL, self.transfer_kv_per_layer_direct_pf_lf)  # the harness's kernel
         # The KV rows the prefixes' pages load (none without an attention layer: no KV to load).
         loaded = [r for r in layout.requests if len(r.prefix)] if s.attention_layers else []
         for r in loaded:
@@ -133,7 +133,8 @@ class HybridLoad(ChainLoad):
         self._dst |= {t.data_ptr(): (Pool.V, self.attention[a]) for a, t in enumerate(full.v_buffer)}
         self._dst |= {conv[m].data_ptr(): (Pool.CONV, lid) for m, lid in _local(req_pool.mamba_map)}
         self._dst |= {cache.temporal[m].data_ptr(): (Pool.SSM, lid) for m, lid in _local(req_pool.mamba_map)}
-        self._plans: dict[tuple, tuple[int, list[tuple[torch.Tensor, torch.Tensor, Region, Region]]]] = {}
+        self._plans = {}
+        self._release_on_drop(self.kv_host, self.mamba_host)
 
     def _fill(self, host: HostPool) -> None:
         """The harness's seeded host data into the engine's page-first host pools."""
@@ -161,20 +162,12 @@ class HybridLoad(ChainLoad):
         """The compiled kernel's contract: for each page of `src_indices`, page `src // page_size`
         of layer `layer_id` of each page-first source into the device rows `dst_indices` of that
         page, on the current stream; with the fault applied."""
-        key = (layer_id, page_size, *(t.data_ptr() for t in (*src_ptrs, *dst_ptrs)),
-               src_indices.numpy().tobytes(), dst_indices.numpy().tobytes())
-        planned = self._plans.get(key)
-        if planned is None:  # the same call every replay: its views and regions built once
-            planned = self._plans[key] = self._plan(src_ptrs, dst_ptrs, src_indices.tolist(), dst_indices.tolist(),
-                                                    layer_id, page_size)
-        layer, copies = planned
-        self._begin(KERNEL, layer)
-        for d, s, region, source in copies:
-            self.dev.copy_async(d, s, region, source)
-        self.copies += len(copies)
+        self._issue(KERNEL, self._planned(
+            src_ptrs, dst_ptrs, src_indices, dst_indices, layer_id, page_size,
+            build=lambda src, dst: self._plan(src_ptrs, dst_ptrs, src.tolist(), dst.tolist(), layer_id, page_size)))
 
     def _plan(self, src_ptrs: list[torch.Tensor], dst_ptrs: list[torch.Tensor], src: list[int], dst: list[int],
-              layer_id: int, page_size: int) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor, Region, Region]]]:
+              layer_id: int, page_size: int) -> Plan:
         if len(src) != len(dst) or len(src) % page_size:
             raise EngineContractBroken(f"{KERNEL} got {len(src)} host and {len(dst)} device rows for pages of "
                                        f"{page_size}")

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import inspect
 import threading
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,6 +46,9 @@ from harness.protocol.schedules import LoadOp
 from harness.records.errors import EngineContractBroken
 from harness.records.faults import FaultPlan
 from harness.records.trace import Region
+
+# A kernel call's copies: the layer it writes, then (destination, source, region written, host rows read).
+Plan = tuple[int, list[tuple[torch.Tensor, torch.Tensor, Region, Region]]]
 
 # The copy kernel the engine's host pool calls for the `direct` backend and `layer_first` layout.
 KERNEL = "transfer_kv_direct"
@@ -72,15 +77,25 @@ class Allocator:
         self.transfer_done[key] = event
 
 
-def _runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
-    """(src start, dst start, length) of each run where both index lists step by one."""
-    runs: list[tuple[int, int, int]] = []
-    for s, d in zip(src, dst, strict=True):
-        if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
-            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
-        else:
-            runs.append((s, d, 1))
-    return runs
+def _runs(src: torch.Tensor | list[int], dst: torch.Tensor | list[int]) -> list[tuple[int, int, int]]:
+    """(src start, dst start, length) of each run where both index lists step by one.
+
+    Vectorised, as the compiled kernel walks raw index arrays: a Python loop over 8,192 rows per
+    layer would hold the host for milliseconds the real kernel never spends, long enough for the
+    copies to land before the replay is enqueued, and so hide a race the engine has."""
+    src, dst = torch.as_tensor(src, dtype=torch.int64), torch.as_tensor(dst, dtype=torch.int64)
+    n = src.numel()
+    if n == 0:
+        return []
+    breaks = (((src[1:] - src[:-1]) != 1) | ((dst[1:] - dst[:-1]) != 1)).nonzero().flatten() + 1
+    starts = torch.cat([breaks.new_zeros(1), breaks])
+    lengths = torch.cat([breaks, breaks.new_full((1,), n)]) - starts
+    return list(zip(src[starts].tolist(), dst[starts].tolist(), lengths.tolist(), strict=True))
+
+
+def _call_each(calls: list[Callable[[], Any]]) -> None:
+    for call in calls:
+        call()
 
 
 class ChainLoad:
@@ -100,6 +115,50 @@ class ChainLoad:
     _dst: dict[int, tuple[str, int]]
     op: LoadOp | None = None
     copies = 0
+    _plans: dict[tuple, Plan]
+
+    def _planned(self, src_layers: list[torch.Tensor], dst_layers: list[torch.Tensor], src_indices: torch.Tensor,
+                 dst_indices: torch.Tensor, *args: int, build: Callable[[torch.Tensor, torch.Tensor], Plan]) -> Plan:
+        """A kernel call's copies, built once: the engine makes the same call every load op, and
+        building its views and regions again each time would cost the host time the compiled kernel
+        does not spend. The indices are read on the host, as the kernel reads them (`.cpu()`)."""
+        src, dst = src_indices.cpu(), dst_indices.cpu()
+        key = (*args, *(t.data_ptr() for t in (*src_layers, *dst_layers)),
+               src.numpy().tobytes(), dst.numpy().tobytes())
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = build(src, dst)
+        return plan
+
+    def _issue(self, kernel: str, plan: Plan) -> None:
+        """A planned kernel call: the fault where its layer begins, then its copies on the current stream."""
+        layer, copies = plan
+        self._begin(kernel, layer)
+        for d, s, region, source in copies:
+            self.dev.copy_async(d, s, region, source)
+        self.copies += len(copies)
+
+    def _install_kernel(self, module: Any, name: str, method: Callable[..., None]) -> None:
+        """Put this chain's copy kernel where the engine's host pool module calls it, by a weak
+        reference: the module outlives the chain, and must not keep it (and its pinned pools) alive."""
+        ref = weakref.WeakMethod(method)
+
+        def kernel(*args: Any, **kwargs: Any) -> None:
+            bound = ref()
+            if bound is None:
+                raise EngineContractBroken(f"{name} was called after the load chain that supplies it was dropped")
+            bound(*args, **kwargs)
+
+        setattr(module, name, kernel)
+
+    def _release_on_drop(self, *host_pools: Any) -> None:
+        """Unregister the engine's pinned host pools (their own `destroy`) once this chain is dropped.
+
+        The engine pins a host pool with `cudaHostRegister` on memory torch allocated; freed without
+        `destroy`, the range stays registered, and the next pool placed on the same memory fails to
+        register (which the engine then reports through a TypeError of its own error path)."""
+        releases = [pool.destroy for pool in host_pools if pool is not None and hasattr(pool, "destroy")]
+        weakref.finalize(self, _call_each, releases)
 
     def _load_args(self) -> dict[str, Any]:
         """What `controller.load` takes beyond the KV host rows (the side pools' transfers)."""
@@ -161,7 +220,7 @@ class EngineLoad(ChainLoad):
         self.attention = list(s.attention_layers)
         controller_mod.device_module = device_module
         transfer_mod.device_module = device_module  # the engine's streams and events on the harness device
-        setattr(host_mod, KERNEL, self.transfer_kv_direct)  # the compiled kernel is the harness's
+        self._install_kernel(host_mod, KERNEL, self.transfer_kv_direct)  # the compiled kernel is the harness's
         loaded = [r for r in layout.requests if len(r.prefix)]
         host_rows = [r.host_offset + i for r in loaded for i in range(len(r.prefix))]
         slots = [r.prefix.start + i for r in loaded for i in range(len(r.prefix))]
@@ -183,6 +242,8 @@ class EngineLoad(ChainLoad):
         self._dst |= {t.data_ptr(): (Pool.V, self.attention[a]) for a, t in enumerate(mha.v_buffer)}
         self.op = None
         self.copies = 0
+        self._plans = {}
+        self._release_on_drop(self.host_pool)
 
     @staticmethod
     def _host_pool(cls: Any, kv_pool: Any, layout: Layout, dev: Device, mem_layout: str = "layer_first") -> Any:
@@ -201,13 +262,16 @@ class EngineLoad(ChainLoad):
     def transfer_kv_direct(self, src_layers: list[torch.Tensor], dst_layers: list[torch.Tensor],
                            src_indices: torch.Tensor, dst_indices: torch.Tensor, page_size: int) -> None:
         """The compiled kernel's contract: copy rows `src_indices` of each source layer into rows
-        `dst_indices` of its destination, on the current stream; with the fault applied."""
-        src, dst = src_indices.tolist(), dst_indices.tolist()
-        runs = _runs(src, dst)
+        `dst_indices` of its destination, one copy per run of consecutive rows, on the current
+        stream; with the fault applied."""
+        self._issue(KERNEL, self._planned(src_layers, dst_layers, src_indices, dst_indices, page_size,
+                                          build=lambda src, dst: self._plan(src_layers, dst_layers, src, dst)))
+
+    def _plan(self, src_layers: list[torch.Tensor], dst_layers: list[torch.Tensor], src: torch.Tensor,
+              dst: torch.Tensor) -> Plan:
         pools, layer = self._layer(KERNEL, dst_layers)
-        self._begin(KERNEL, layer)
-        for s_t, d_t, pool in zip(src_layers, dst_layers, pools, strict=True):
-            for s0, d0, n in runs:
-                self.dev.copy_async(d_t[d0:d0 + n], s_t[s0:s0 + n], Region(pool, layer, d0, d0 + n),
-                                    Region(Pool.on_host(self.host.name, pool), layer, s0, s0 + n))
-                self.copies += 1
+        copies = [(d_t[d0:d0 + n], s_t[s0:s0 + n], Region(pool, layer, d0, d0 + n),
+                   Region(Pool.on_host(self.host.name, pool), layer, s0, s0 + n))
+                  for s_t, d_t, pool in zip(src_layers, dst_layers, pools, strict=True)
+                  for s0, d0, n in _runs(src, dst)]
+        return layer, copies
