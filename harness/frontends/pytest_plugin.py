@@ -373,7 +373,8 @@ def verdict(result) -> str:
         f"  findings {len(result.findings)}",
     ]
     lines += _shown(result.findings)
-    if result.graph is not None:  # the graph check: nodes of the captured graph nothing orders after a load
+    if result.graph is not None and (result.graph.graphs or result.graph.findings):  # a graph was replayed
+        # The graph check: nodes of the captured graph that nothing orders after a load.
         lines.append(f"  graph findings {len(result.graph.findings)}")
         lines += _shown(result.graph.findings)
     if result.error:
