@@ -241,8 +241,8 @@ def _install_trace() -> None:
 def _uninstall_trace() -> None:
     """The forwarders off torch's registries: after a watch, torch's trace calls nothing of ours."""
     for registry, callback in _callbacks:
-        while callback in registry.callback_list:
-            registry.callback_list.remove(callback)
+        # A new list, not a removal in place: a thread firing the trace now goes on over the old one.
+        registry.callback_list = [cb for cb in registry.callback_list if cb is not callback]
 
 
 def _leave_dispatch_stack(mode: OpWatch) -> list[str]:
