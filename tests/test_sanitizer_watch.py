@@ -244,13 +244,24 @@ def test_the_pytest_fixture_is_in_the_plugin(pytester, monkeypatch):
             stream_sanitizer.raise_on_race = False
             race(stream_sanitizer.model)
             assert len(stream_sanitizer.races) == 1
+
+        def test_zz_a_mode_left_active_fails_it(stream_sanitizer):  # last: the mode stays active
+            from torch.utils._python_dispatch import TorchDispatchMode
+
+            class Left(TorchDispatchMode):
+                def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                    return func(*args, **(kwargs or {}))
+
+            Left().__enter__()
     """)
     # In its own process: an in-process run drops the modules it imported (numpy's among them),
     # and a later test of this worker that imports them again fails.
     monkeypatch.setenv("PYTHONPATH", str(Path(harness.__file__).resolve().parent.parent))  # this checkout's
     result = pytester.runpytest_subprocess("-p", "harness.frontends.pytest_plugin", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=3, errors=1)
-    result.stdout.fnmatch_lines(["*ERROR at teardown of test_a_race_fails_it*", "*read-after-write race*"])
+    result.assert_outcomes(passed=4, errors=2)
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_a_race_fails_it*", "*read-after-write race*",
+                                 "*ERROR at teardown of test_zz_a_mode_left_active_fails_it*",
+                                 "*still active at its exit: Left; they stay active*"])
 
 
 # ---- the whole tap on CPU: torch's trace callbacks fired by hand, the graph hooks called ----
