@@ -14,6 +14,10 @@ from pathlib import Path
 
 import pytest
 
+# scipy.stats too (results.json's intervals and exact tests, imported when first used by an
+# in-process run below): numpy refuses to load its C extensions a second time in one process.
+import scipy.stats  # noqa: F401
+
 import harness
 
 # matplotlib, imported here and not first by an in-process run below: pytester drops the
@@ -73,6 +77,12 @@ def test_scenarios_pass_and_a_missed_expectation_fails_with_its_verdict(pytester
         "*stale 5/5 replays (100.0%), stale layers 0,1",
         "*findings 4",
         "*- * reads *, but nothing orders it after the H2D copy on load*",
+        # The graph check's findings: the node and its kernel, the region, the missing edge.
+        "*graph findings 4",
+        "*- graph * node * (L0 attention, step L0 attention) reads k[[]L0, slots 16:48], but nothing orders it "
+        "after the H2D copy on load that writes k[[]L0, slots 16:48]: no wait node on event * (recorded after "
+        "that copy) reaches it, and forward waited on no such event before the replay",
+        "*... and 1 more",
         "results: *out*results.json",
         "FAILED wrong.toml::tiny-wrong - tiny-wrong: expected clean, observed race*",
     ])
@@ -138,6 +148,27 @@ def test_replays_override_and_junit_properties(pytester, tiny):
     clean = cases["tiny-full-final_event"]
     assert (clean["observed"], clean["stale_rate"], clean["stale_layers"], clean["findings"]) == (
         "clean", "0.0000", "-", "0")
+
+
+def test_junit_names_the_graph_findings_and_the_fenced_twin_has_none(pytester, tiny):
+    result = run(pytester, "--harness-scenarios", "race.toml", "--harness-replays", "3",
+                 "--harness-report", "out", "--junitxml", "junit.xml")
+    result.assert_outcomes(passed=2)
+    cases = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")}
+             for c in ET.parse(pytester.path / "junit.xml").iter("testcase")}
+    doc = {s["name"]: s for s in json.loads((pytester.path / "out" / "results.json").read_text())["scenarios"]}
+    race = cases["tiny-full-none"]
+    sentences = doc["tiny-full-none"]["graph"]["findings"]
+    assert race["graph_findings"] == str(len(sentences)) == "4" and race["graph_op_list"] == "matches"
+    assert [race[f"graph_finding_{i}"] for i in (1, 2, 3)] == sentences[:3] and "graph_finding_4" not in race
+    first = doc["tiny-full-none"]["graph"]["finding_records"][0]
+    assert race["graph_finding_1"].startswith(f"graph {first['graph']} node {first['node']} ({first['kernel']}, ")
+    assert "reads k[L0, slots 16:48]" in race["graph_finding_1"]
+    assert race["graph_finding_1"].endswith(f"no wait node on event {first['event']} (recorded after that copy) "
+                                            "reaches it, and forward waited on no such event before the replay")
+    clean = cases["tiny-full-final_event"]
+    assert (clean["graph_findings"], clean["graph_op_list"]) == ("0", "matches")
+    assert not any(name.startswith("graph_finding_") for name in clean)
     doc = json.loads((pytester.path / "out" / "results.json").read_text())
     assert [e["replays"] for e in doc["scenarios"]] == [3, 3]
     suite = {p.get("name"): p.get("value")

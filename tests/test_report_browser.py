@@ -143,3 +143,33 @@ def test_the_statistics_pressure_and_skipped_sections_fit_too(tmp_path):
     assert "<h2>Exact tests</h2>" in text and "<h2>Pressure</h2>" in text and "27 scenarios skipped" in text
     loaded = open_page(page, tmp_path / "profile")
     assert loaded.console == [] and loaded.overflowing == 0 and loaded.shown == loaded.total
+
+
+def test_the_graph_check_fits_with_its_findings_open(tmp_path):
+    # The long sample with a graph check on every scenario as the CUDA reader writes it: a driver's
+    # kernel names, 32 steps, a long op-list mismatch, and every finding table unfolded.
+    from harness.records.analysis import RaceKind
+    from harness.records.graph import GraphCheck, GraphFinding
+    from harness.records.trace import Region
+    from harness.report.results import graph_entry
+
+    kernel = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+              "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)")
+    doc = load(LONG)
+    for i, s in enumerate(doc["scenarios"]):
+        region = Region("k", 31, 16, 16400)
+        findings = [GraphFinding(RaceKind.READ_AFTER_WRITE, 21, 400 + n, kernel, f"L{n} attention", region, region,
+                                 "load", "forward", 7 if n % 2 else None, (3, 4) if n == 2 else ())
+                    for n in range(3 if i % 4 == 0 else 0)]
+        entry = graph_entry(GraphCheck(findings=tuple(findings)))
+        mismatch = ["graph 21: op 0 waits on event 101; the graph holds no node there; " * 4] if i == 1 else []
+        entry["graphs"] = [{"graph": 21, "source": "cuda", "nodes": 412, "wait_nodes": 0, "record_nodes": 0,
+                            "work_nodes": 400, "steps": [{"step": f"L{n} attention", "nodes": 12} for n in range(32)],
+                            "mismatches": mismatch}]
+        s["graph"] = entry
+    page = write_html(doc, tmp_path / "report.html")
+    text = page.read_text().replace("<details>", "<details open>")
+    assert "<h2>Graph check</h2>" in text and text.count("graph findings</summary>") == 9
+    page.write_text(text)
+    loaded = open_page(page, tmp_path / "profile")
+    assert loaded.console == [] and loaded.overflowing == 0 and loaded.shown == loaded.total

@@ -244,13 +244,24 @@ def test_the_pytest_fixture_is_in_the_plugin(pytester, monkeypatch):
             stream_sanitizer.raise_on_race = False
             race(stream_sanitizer.model)
             assert len(stream_sanitizer.races) == 1
+
+        def test_zz_a_mode_left_active_fails_it(stream_sanitizer):  # last: the mode stays active
+            from torch.utils._python_dispatch import TorchDispatchMode
+
+            class Left(TorchDispatchMode):
+                def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                    return func(*args, **(kwargs or {}))
+
+            Left().__enter__()
     """)
     # In its own process: an in-process run drops the modules it imported (numpy's among them),
     # and a later test of this worker that imports them again fails.
     monkeypatch.setenv("PYTHONPATH", str(Path(harness.__file__).resolve().parent.parent))  # this checkout's
     result = pytester.runpytest_subprocess("-p", "harness.frontends.pytest_plugin", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=3, errors=1)
-    result.stdout.fnmatch_lines(["*ERROR at teardown of test_a_race_fails_it*", "*read-after-write race*"])
+    result.assert_outcomes(passed=4, errors=2)
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_a_race_fails_it*", "*read-after-write race*",
+                                 "*ERROR at teardown of test_zz_a_mode_left_active_fails_it*",
+                                 "*still active at its exit: Left; they stay active*"])
 
 
 # ---- the whole tap on CPU: torch's trace callbacks fired by hand, the graph hooks called ----
@@ -431,3 +442,108 @@ def test_an_event_query_that_says_done_orders_what_the_host_does_next(fake_cuda,
             assert copied.query()
         x.sum()
     assert [r.kind.value for r in s.races] == ([] if polled else ["read-after-write"])
+
+
+# ---- teardown: every tap off, in reverse order, before the last reference goes ----
+
+
+def _stack() -> list:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return _get_current_dispatch_mode_stack()
+
+
+def _ours_registered(registry_name: str) -> bool:
+    import harness.devices.torch_watch as tw
+
+    registry = getattr(tw._gpu_trace(), registry_name)
+    return any(cb is forwarder for _, forwarder in tw._callbacks for cb in registry.callback_list)
+
+
+def test_the_cuda_watch_leaves_in_reverse_order_and_keeps_its_mode():
+    import gc
+    import weakref
+
+    import harness.devices.torch_watch as tw
+
+    depth = len(_stack())
+    with Sanitizer() as s:
+        watch = s._watch
+        assert tw._watching == [watch] and _stack()[-1] is watch.ops
+        assert _ours_registered("MemoryDeallocationCallbacks") and _ours_registered("EventRecordCallbacks")
+        ops, model = weakref.ref(watch.ops), watch.model
+        del watch
+    assert tw._watching == [] and s._watch is None
+    assert len(_stack()) == depth  # our mode popped, nothing else
+    assert not _ours_registered("MemoryDeallocationCallbacks") and not _ours_registered("EventRecordCallbacks")
+    fire("EventRecordCallbacks", 13, SIDE)  # torch's trace reaches nothing of ours now
+    assert 13 not in model._events
+    gc.collect()
+    # The mode outlives the sanitizer (torch never gets to free a mode it still points at), without its model.
+    assert ops() is not None and ops() in tw._retired and ops().model is not model
+    with Sanitizer() as again:  # and the next one starts clean
+        fire("EventRecordCallbacks", 14, SIDE)
+    assert 14 in again.model._events and 14 not in model._events
+
+
+class Counting(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_mode_left_active_inside_the_block_stays_and_the_sanitizers_goes():
+    from harness.devices.torch_watch import OpWatch
+    from harness.records.errors import SanitizerError
+
+    depth = len(_stack())
+    other = Counting()
+    s = Sanitizer().__enter__()
+    other.__enter__()  # entered inside, never exited: torch's plain exit would pop this one instead
+    try:
+        with pytest.raises(SanitizerError, match="still active at its exit: Counting;"):
+            s.__exit__(None, None, None)
+        stack = _stack()
+        assert stack[-1] is other and len(stack) == depth + 1
+        assert not any(isinstance(m, OpWatch) for m in stack)
+        calls = other.calls
+        torch.ones(2).add_(1)
+        assert other.calls == calls + 2  # still active: it saw both
+    finally:
+        other.__exit__(None, None, None)
+    assert len(_stack()) == depth
+
+
+def test_an_error_in_the_block_wins_over_a_mode_left_active():
+    other = Counting()
+    with pytest.raises(ZeroDivisionError):
+        with Sanitizer():
+            other.__enter__()
+            1 / 0  # noqa: B018
+    try:
+        assert _stack()[-1] is other
+    finally:
+        other.__exit__(None, None, None)
+
+
+def test_a_trace_callback_under_the_watch_lock_does_not_deadlock():
+    """A tensor freed while the model is being fed (by the cycle collector, inside any Python
+    call) fires torch's free callback on the same thread, under the lock the feed holds."""
+    import threading
+
+    done = threading.Event()
+
+    def feed(watch) -> None:
+        with watch.lock:
+            fire("MemoryDeallocationCallbacks", 0x1000)
+        done.set()
+
+    with Sanitizer() as s:
+        t = threading.Thread(target=feed, args=(s._watch,), daemon=True)
+        t.start()
+        t.join(timeout=10)
+    assert done.is_set(), "the trace callback waited forever on the watch's own lock"

@@ -10,8 +10,8 @@ Three taps, as PyTorch's CUDA sanitizer (`torch/cuda/_sanitizer.py`) has them, a
   is the host's own work.
 - torch's GPU trace (`torch._C._activate_gpu_trace`, `torch.cuda._gpu_trace`): event
   creation, record, wait, destruction; allocation and free; device, stream and event
-  synchronisation. The trace cannot be turned off once on, so its callbacks are
-  registered once per process and forward to whichever model is watching (none: nothing).
+  synchronisation. The trace cannot be turned off once on; its callbacks are on torch's
+  registries only while a watch watches, and forward to whichever model is watching.
 - patches held only while watching: `CUDAGraph.capture_begin`, `capture_end`, `replay`
   (torch tells the trace nothing of graphs), `Event.query` (a query that says done is a
   host observation, as a synchronize is) and `Event.__new__` (which events are external).
@@ -35,6 +35,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from harness.devices.base import collector_paused
 from harness.records.errors import SanitizerError
 from harness.records.sanitizer_model import SanitizerModel, Site, Span, Use
 
@@ -112,7 +113,7 @@ class OpWatch(TorchDispatchMode):
 
     def __init__(self, model: SanitizerModel, *, stream_of: Callable[[], int] | None = None,
                  space_of: Callable[[torch.Tensor], str | None] = cuda_space, stack_depth: int = 6,
-                 lock: threading.Lock | None = None) -> None:
+                 lock: threading.Lock | threading.RLock | None = None) -> None:
         super().__init__()
         self.model = model
         self.stream_of = stream_of or (lambda: torch.cuda.current_stream().cuda_stream)
@@ -183,10 +184,29 @@ class OpWatch(TorchDispatchMode):
                    for v in pytree.tree_leaves(written))
 
 
-# ---- torch's GPU trace: registered once, forwarded to the model watching now ---------
+# ---- torch's GPU trace: forwarded to the model watching now --------------------------
 
 _watching: list[CudaWatch] = []
-_trace_on = False
+# Every dispatch mode a watch has used, kept for the life of the process, as PyTorch's sanitizer
+# keeps its one mode (`torch.cuda._sanitizer.cuda_sanitizer`): torch's C++ holds modes it has
+# been given by plain pointers in places (a pop once freed a mode the stack alone owned), so the
+# last reference to one is never dropped here. Each is off every stack and holds no model.
+_retired: list[OpWatch] = []
+
+# (registry, the forwarder it calls) per GPU-trace callback: on the registries while a watch
+# watches, off them after. The trace itself cannot be turned off once on.
+_TRACE = (
+    ("EventCreationCallbacks", "forget_event"),
+    ("EventDeletionCallbacks", "forget_event"),
+    ("EventRecordCallbacks", "record"),
+    ("EventWaitCallbacks", "wait"),
+    ("MemoryAllocationCallbacks", "free"),  # a fresh allocation's past is gone
+    ("MemoryDeallocationCallbacks", "free"),
+    ("DeviceSynchronizationCallbacks", "host_sync"),
+    ("StreamSynchronizationCallbacks", "stream_sync"),
+    ("EventSynchronizationCallbacks", "event_sync"),
+)
+_callbacks: list[tuple[Any, Callable[..., None]]] = []
 
 
 def _forward(method: str) -> Callable[..., None]:
@@ -199,26 +219,55 @@ def _forward(method: str) -> Callable[..., None]:
     return callback
 
 
-def _install_trace() -> None:
-    global _trace_on
-    if _trace_on:
-        return
+def _gpu_trace() -> Any:
     try:
         import torch.cuda._gpu_trace as gpu_trace
     except ImportError:  # torch before 2.2 kept it here
         import torch.utils._cuda_trace as gpu_trace  # type: ignore[no-redef]
+    return gpu_trace
 
-    torch._C._activate_gpu_trace()
-    gpu_trace.register_callback_for_event_creation(_forward("forget_event"))
-    gpu_trace.register_callback_for_event_deletion(_forward("forget_event"))
-    gpu_trace.register_callback_for_event_record(_forward("record"))
-    gpu_trace.register_callback_for_event_wait(_forward("wait"))
-    gpu_trace.register_callback_for_memory_allocation(_forward("free"))  # a fresh allocation's past is gone
-    gpu_trace.register_callback_for_memory_deallocation(_forward("free"))
-    gpu_trace.register_callback_for_device_synchronization(_forward("host_sync"))
-    gpu_trace.register_callback_for_stream_synchronization(_forward("stream_sync"))
-    gpu_trace.register_callback_for_event_synchronization(_forward("event_sync"))
-    _trace_on = True
+
+def _install_trace() -> None:
+    """Torch's GPU trace on (once per process) and the forwarders on its registries."""
+    gpu_trace = _gpu_trace()
+    if not _callbacks:
+        torch._C._activate_gpu_trace()
+        _callbacks.extend((getattr(gpu_trace, registry), _forward(method)) for registry, method in _TRACE)
+    for registry, callback in _callbacks:
+        if callback not in registry.callback_list:
+            registry.add_callback(callback)
+
+
+def _uninstall_trace() -> None:
+    """The forwarders off torch's registries: after a watch, torch's trace calls nothing of ours."""
+    for registry, callback in _callbacks:
+        # A new list, not a removal in place: a thread firing the trace now goes on over the old one.
+        registry.callback_list = [cb for cb in registry.callback_list if cb is not callback]
+
+
+def _leave_dispatch_stack(mode: OpWatch) -> list[str]:
+    """`mode` off this thread's dispatch-mode stack, by its own `__exit__`.
+
+    A mode entered inside the watch and still active sits above it; a plain exit would pop that
+    one (torch pops the top, whoever it is) and leave this one on the stack for good. Those above
+    are lifted off, this one exits, and they go back in their order, still active. Returns their
+    class names (none: it was on top). Not on the stack at all: nothing to pop.
+    """
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode, _push_mode
+
+    stack = _get_current_dispatch_mode_stack()
+    at = next((i for i, m in enumerate(stack) if m is mode), None)
+    if at is None:
+        return []
+    above = stack[at + 1:]
+    for _ in above:
+        _pop_mode()
+    try:
+        mode.__exit__(None, None, None)
+    finally:
+        for other in above:
+            _push_mode(other)
+    return [type(m).__name__ for m in above]
 
 
 class CudaWatch:
@@ -231,13 +280,16 @@ class CudaWatch:
     def __init__(self, model: SanitizerModel, *, stack_depth: int = 6, stream_of: Callable[[], int] | None = None,
                  space_of: Callable[[torch.Tensor], str | None] = cuda_space) -> None:
         self.model = model
-        self.lock = threading.Lock()
+        # Re-entrant: a tensor freed while the model is being fed (the cycle collector runs inside
+        # any Python call) fires the trace's free callback on this thread, under this lock.
+        self.lock = threading.RLock()
         self.stream_of = stream_of or (lambda: torch.cuda.current_stream().cuda_stream)
         self.ops = OpWatch(model, stack_depth=stack_depth, lock=self.lock, stream_of=self.stream_of,
                            space_of=space_of)
         self.stack_depth = stack_depth
         self._saved: list[tuple[type, str, Any]] = []
         self._external: weakref.WeakSet = weakref.WeakSet()
+        self._thread: int | None = None
 
     def start(self) -> None:
         if _watching:
@@ -245,19 +297,48 @@ class CudaWatch:
         _install_trace()
         self._patch()
         _watching.append(self)
-        self.ops.__enter__()
+        self._thread = threading.get_ident()
+        try:
+            self.ops.__enter__()
+        except BaseException:
+            _watching.remove(self)
+            _uninstall_trace()
+            self._unpatch()
+            raise
 
     def stop(self) -> None:
-        try:
-            self.ops.__exit__(None, None, None)
-        finally:
-            _watching.remove(self)
-            for cls, name, value in reversed(self._saved):
-                if value is None:
-                    delattr(cls, name)  # it was the base class's: uncover it
-                else:
-                    setattr(cls, name, value)
-            self._saved.clear()
+        """Undo `start()` in reverse, each tap off before what it feeds goes: nothing forwards to
+        this model any more, the dispatch mode leaves this thread's stack (in order, see
+        `_leave_dispatch_stack`), the trace's callbacks leave torch's registries, the patches go,
+        and the mode is kept (`_retired`), holding no model. The cycle collector is off meanwhile:
+        a CUDA tensor or event it frees fires the trace, or a patch, half-way through."""
+        lifted: list[str] = []
+        wrong_thread = self._thread is not None and self._thread != threading.get_ident()
+        with collector_paused():
+            if self in _watching:
+                _watching.remove(self)
+            try:
+                if not wrong_thread:  # the stack is per thread: another thread's holds nothing of this
+                    lifted = _leave_dispatch_stack(self.ops)
+            finally:
+                _uninstall_trace()
+                self._unpatch()
+                self.ops.model = SanitizerModel()  # drop the watched model, keep the mode
+                _retired.append(self.ops)
+        if wrong_thread:
+            raise SanitizerError("a harness.sanitizer must exit on the thread that entered it (torch's "
+                                 "dispatch modes are per thread); its mode stays on that thread's stack")
+        if lifted:
+            raise SanitizerError(f"dispatch mode(s) entered inside the sanitizer's block were still active at its "
+                                 f"exit: {', '.join(lifted)}; they stay active, the sanitizer's mode is gone")
+
+    def _unpatch(self) -> None:
+        for cls, name, value in reversed(self._saved):
+            if value is None:
+                delattr(cls, name)  # it was the base class's: uncover it
+            else:
+                setattr(cls, name, value)
+        self._saved.clear()
 
     # ---- what the patches tell the model
     def on_capture_begin(self, graph: object) -> None:

@@ -372,13 +372,34 @@ def verdict(result) -> str:
         f"  stale {t.stale_replays}/{t.replays} replays ({t.stale_rate:.1%}), stale layers {_layers(result)}",
         f"  findings {len(result.findings)}",
     ]
-    lines += [f"    - {f.describe()}" for f in result.findings[:FINDINGS_SHOWN]]
-    if len(result.findings) > FINDINGS_SHOWN:
-        lines.append(f"    ... and {len(result.findings) - FINDINGS_SHOWN} more")
+    lines += _shown(result.findings)
+    if result.graph is not None and (result.graph.graphs or result.graph.findings):  # a graph was replayed
+        # The graph check: nodes of the captured graph that nothing orders after a load.
+        lines.append(f"  graph findings {len(result.graph.findings)}")
+        lines += _shown(result.graph.findings)
     if result.error:
         lines.append(f"  error: {result.error}")
     lines.append(f"  scenario: {s.describe()} ({s.source})")
     return "\n".join(lines)
+
+
+def _shown(findings) -> list[str]:
+    """The first FINDINGS_SHOWN findings as lines of a failure message, and how many more."""
+    lines = [f"    - {f.describe()}" for f in findings[:FINDINGS_SHOWN]]
+    if len(findings) > FINDINGS_SHOWN:
+        lines.append(f"    ... and {len(findings) - FINDINGS_SHOWN} more")
+    return lines
+
+
+def graph_properties(graph) -> list[tuple[str, str]]:
+    """The graph check in JUnit: its finding count, whether the op list matched the graph, and the
+    first FINDINGS_SHOWN findings (node and kernel, region, missing edge) as `graph_finding_N`."""
+    if graph is None:  # the scenario ended before its traced replay
+        return [("graph_findings", "none")]
+    op_list = (f"not read: {graph.unavailable}" if graph.unavailable and not graph.graphs
+               else "matches" if graph.matched else f"mismatch: {graph.mismatches[0]}")
+    return [("graph_findings", str(len(graph.findings))), ("graph_op_list", op_list),
+            *((f"graph_finding_{i}", f.describe()) for i, f in enumerate(graph.findings[:FINDINGS_SHOWN], 1))]
 
 
 def junit_properties(result, description: dict, gpu_uuid: str | None) -> list[tuple[str, str]]:
@@ -398,7 +419,7 @@ def junit_properties(result, description: dict, gpu_uuid: str | None) -> list[tu
     }
     # Plain str: xdist ships properties to the controller, and it refuses str subclasses
     # such as torch's version string.
-    return [(name, str(value)) for name, value in props.items()]
+    return [(name, str(value)) for name, value in props.items()] + graph_properties(result.graph)
 
 
 # ---------------------------------------------------------------- fixtures
@@ -451,12 +472,12 @@ def stream_sanitizer():
     and reads `stream_sanitizer.races`.
     """
     from harness.frontends.sanitizer import Sanitizer
-    from harness.records.errors import RacesFound
+    from harness.records.errors import SanitizerError
 
     try:
         with Sanitizer(raise_on_race=True) as s:
             yield s
-    except RacesFound as e:
+    except SanitizerError as e:  # the races found, or a dispatch mode the test left active
         pytest.fail(str(e), pytrace=False)
 
 

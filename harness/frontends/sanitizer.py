@@ -18,7 +18,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
-from harness.records.errors import RacesFound
+from harness.records.errors import RacesFound, SanitizerError
 from harness.records.sanitizer_model import GraphEdges, Race, SanitizerModel
 
 __all__ = ["Sanitizer", "sanitize"]
@@ -74,9 +74,15 @@ class Sanitizer:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        assert self._watch is not None
-        self._watch.stop()
-        self._watch = None
+        watch = self._watch
+        assert watch is not None
+        try:
+            watch.stop()  # every tap off, in reverse order, before the last reference goes
+        except SanitizerError:
+            if kind is None:  # else the block's own exception goes through
+                raise
+        finally:
+            self._watch = None
         if kind is None and self.raise_on_race and self.races:
             raise RacesFound(self.report(), self.races)
 

@@ -24,9 +24,12 @@ from html import escape
 from pathlib import Path
 from urllib.parse import quote
 
+from harness.records.trace import Region
 from harness.report.results import write_atomic
 from harness.report.summary import (
     BENCH_COLUMNS,
+    GRAPH_CAPTION,
+    GRAPH_HEADER,
     PAIRS_CAPTION,
     PRESSURE_CAPTION,
     PRESSURE_HEADER,
@@ -37,6 +40,7 @@ from harness.report.summary import (
     bench_points,
     bench_table,
     confidence_text,
+    graph_rows,
     headline,
     interval_text,
     not_run,
@@ -244,6 +248,58 @@ def _scenarios_section(doc: dict, drawn: Set[str]) -> str:
     return f"<h2>Scenarios</h2>\n{_scenarios(doc, drawn)}" if doc["scenarios"] else ""
 
 
+def missing_edge(sentence: str) -> str:
+    """What a graph finding says is missing: its sentence's words after the last ": ".
+    `GraphFinding.describe()` is the one place that words it; none of its wordings of the
+    missing edge holds ": " (regions read "k[L0, slots 16:48]")."""
+    return sentence.rpartition(": ")[2]
+
+
+def _region(r: dict) -> str:
+    """A region as the finding's sentence writes it."""
+    return str(Region(**r))
+
+
+def _graph_finding_row(record: dict, sentence: str | None) -> list:
+    verb = "writes" if record["kind"] == "write-after-write" else "reads"
+    missing = missing_edge(sentence) if sentence else (
+        f"no wait node on event {record['event']}" if record.get("event") is not None
+        else "no event recorded after the copy")
+    streams = record.get("streams") or {}
+    return [Cell(f"graph {record['graph']} node {record['node']}"), Cell(record["kernel"], (f"step {record['step']}",)),
+            Cell(f"{verb} {_region(record['access_region'])}", (record["kind"],)),
+            Cell(_region(record["copy_region"]), (f"on {streams.get('copy', '?')}",)), missing]
+
+
+def _graph_findings(s: dict) -> str:
+    """One scenario's graph findings: the node (its kernel), the region, the missing edge."""
+    g = s.get("graph") or {}
+    sentences, records = g.get("findings") or [], g.get("finding_records")
+    if not sentences:
+        return ""
+    if records is None or len(records) != len(sentences):  # a file without records: the sentences
+        body = "<ul>" + "".join(f"<li>{escape(f)}</li>" for f in sentences) + "</ul>"
+    else:
+        rows = [_graph_finding_row(r, f) for r, f in zip(records, sentences, strict=True)]
+        body = _table(["node", "kernel", "access", "load copy", "missing edge"], rows, css="scenarios",
+                      wrap={1, 4})
+    return (f"<details><summary>{escape(s['name'])}: {len(sentences)} graph findings</summary>"
+            f"{body}</details>")
+
+
+def _graph_section(doc: dict) -> str:
+    """The graph check: summary.md's table, then each scenario's findings."""
+    rows = graph_rows(doc)
+    if not rows:
+        return ""
+    table = _table(GRAPH_HEADER, [[Cell(r[0]), Cell(r[1]), *r[2:5], Cell(r[5]), r[6], Cell(r[7])] for r in rows],
+                   numeric={2, 3, 4, 6}, row_classes=["fail" if r[7].startswith("MISMATCH") else "" for r in rows],
+                   css="scenarios", wrap={5, 7})
+    findings = [_graph_findings(s) for s in doc["scenarios"]]
+    return "\n".join([f'<h2>Graph check</h2>\n<p class="caption">{_code(_sentence(GRAPH_CAPTION))}</p>', table,
+                      *(f for f in findings if f)])
+
+
 def _pressure_section(doc: dict) -> str:
     rows = pressure_rows(doc)
     if not rows:
@@ -398,6 +454,7 @@ def render_html(doc: dict) -> str:
 {_environment(doc)}
 {_strategies_section(doc)}
 {_scenarios_section(doc, set(drawn))}
+{_graph_section(doc)}
 {_pressure_section(doc)}
 {_pairs_section(doc)}
 {_plots(doc, figures)}

@@ -438,6 +438,10 @@ GRAPH_CAPTION = ("captured graphs, read from the device by their own nodes and e
                  "capture matched the graph")
 
 
+GRAPH_HEADER = ["scenario", "graph", "nodes", "wait nodes", "record nodes", "work nodes per step", "graph findings",
+                "op list"]
+
+
 def graph_rows(doc: dict) -> list[list]:
     """One row per replayed graph with pool-touching steps (a full graph; breakable segments have none)."""
     rows = []
@@ -460,9 +464,7 @@ def _graph_block(doc: dict) -> list[str]:
     rows = graph_rows(doc)
     if not rows:
         return []
-    return [f"**Graph check**: {GRAPH_CAPTION}", "", *_table(
-        ["scenario", "graph", "nodes", "wait nodes", "record nodes", "work nodes per step", "graph findings",
-         "op list"], rows)]
+    return [f"**Graph check**: {GRAPH_CAPTION}", "", *_table(GRAPH_HEADER, rows)]
 
 
 def _strategy_block(doc: dict) -> list[str]:
