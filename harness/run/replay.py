@@ -221,8 +221,7 @@ class _Observer:
 
     def __init__(self, tb: Testbed, oracle: Oracle, batch: int):
         self.tb, self.oracle = tb, oracle
-        units = max(1, len(oracle.units))
-        self.batch = max(1, min(batch, self.MAX_BATCH, self.MASK_BYTES // units))
+        self.batch = max(1, min(batch, self.MAX_BATCH, self.MASK_BYTES // oracle.mask_width))
         device = oracle.truth.device
         # Made on the forward stream, where the poisoning and the look use them: made on the
         # default stream, nothing would order the look's warm-up (on a side stream) after them.
@@ -232,15 +231,17 @@ class _Observer:
         self.look_graph: Graph | None = None
 
     def _buffers(self, tb: Testbed, oracle: Oracle, device: torch.device) -> None:
-        units = max(1, len(oracle.units))
-        self.masks = torch.zeros((self.batch, units), dtype=torch.bool, device=device)
-        self.counts = torch.zeros((self.batch, len(oracle.groups)), dtype=torch.int32, device=device)
-        self.cursor = torch.zeros(1, dtype=torch.long, device=device)  # the row the next look writes
+        # A batch's unit masks, a row a replay; the look writes its replay's row through the cursor.
+        self.masks = torch.zeros((self.batch, oracle.mask_width), dtype=torch.bool, device=device)
+        # The cursor and, after a batch, its group counts: one buffer, so one copy to the host.
+        self.header = torch.zeros(1 + oracle.counts_size(self.batch), dtype=torch.long, device=device)
+        self.cursor = self.header[:1]  # the row the next look writes
+        self.bits = torch.zeros((self.batch, oracle.mask_width // 8), dtype=torch.uint8, device=device)
         self.rows = 0  # looks enqueued since the last read: the host's count of the cursor
-        # This replay's unit mask and group counts, before the look copies them into its row.
-        self._mask = torch.zeros(units, dtype=torch.bool, device=device)
-        self._counts = torch.zeros(len(oracle.groups), dtype=torch.int32, device=device)
-        self._compare = oracle.comparer(tb.model.probes.arena, self._mask[:len(oracle.units)], self._counts)
+        # This replay's unit mask, before the look copies it into its row.
+        self._mask = torch.zeros(oracle.mask_width, dtype=torch.bool, device=device)
+        self._compare = oracle.comparer(tb.model.probes.arena, self._mask)
+        self._count = oracle.counter(self.masks, self.header[1:], self.bits)
         # The probe arena's poison: a NaN in each unit's first element, a unit's row being written
         # whole (one copy) or not at all, so an unwritten unit differs from ground truth as a wholly
         # poisoned one would, for a pass over a few elements a unit instead of the arena (a gigabyte
@@ -279,7 +280,6 @@ class _Observer:
     def _compare_into_row(self) -> None:
         self._compare()
         self.masks.index_copy_(0, self.cursor, self._mask[None])
-        self.counts.index_copy_(0, self.cursor, self._counts[None])
         self.cursor.add_(1)
 
     def _restart(self) -> None:
@@ -312,20 +312,27 @@ class _Observer:
                 self._look()
             marks.take(dev, tb.forward, "looked")
 
+    def finish(self, rows: int) -> None:
+        """Once a batch's looks are enqueued: its group counts and its masks' bits, on the device
+        (one pass over the batch's masks, not a reduction a replay)."""
+        tb, dev = self.tb, self.tb.dev
+        with dev.stream(tb.forward), dev.harness_work():
+            dev.launch(lambda: self._count(rows), what="count")
+
     def read(self, rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The first `rows` rows (group counts, and the unit masks when a replay was stale), on the
-        host; after a synchronize. The next batch starts at row 0."""
-        written = int(self.cursor.cpu()[0])
+        """The first `rows` rows (group counts, and the unit masks' bits when a replay was stale), on
+        the host; after `finish` and a synchronize. The next batch starts at row 0."""
+        header = self.header.to("cpu", copy=True)
+        written = int(header[0])
         if not rows == self.rows == written:
             raise RuntimeError(f"a batch of {rows} replays enqueued {self.rows} looks that wrote {written} rows: "
                                "its verdicts would not be each replay's own")
-        # Copies, also where the device's memory is the host's (the simulator): a verdict keeps its
-        # mask row for `slots`, and the next batch writes these rows again.
-        counts = self.counts[:rows].to("cpu", copy=True)
-        masks = self.masks[:rows].to("cpu", copy=True) if counts.any() else None
+        counts = self.oracle.counts_of(header[1:], self.batch, rows)
+        # A copy, also where the device's memory is the host's (the simulator): a verdict keeps its
+        # bits for `slots`, and the next batch writes these rows again.
+        bits = self.bits[:rows].to("cpu", copy=True) if counts.any() else None
         self._restart()
-        return counts, masks
-
+        return counts, bits
 
 class _Unobserved(_Observer):
     """Timing only (the benchmark): nothing is prepared, poisoned or compared."""
@@ -341,6 +348,9 @@ class _Unobserved(_Observer):
         pass
 
     def after(self, row: int, marks: Marks = UNMARKED) -> None:
+        pass
+
+    def finish(self, rows: int) -> None:
         pass
 
 
@@ -436,14 +446,15 @@ class Replayer:
             yield from self._drain(pending, stopwatch)
 
     def _drain(self, pending: list[int], stopwatch: Stopwatch | None) -> Iterator[ReplayVerdict]:
+        self.observer.finish(len(pending))
         self.tb.dev.synchronize(self.timeout_s)  # bounded: a hung replay is an error, not a hang
         self.gating.check(pending[0])  # a gated batch is that one replay
         if stopwatch is not None:
             stopwatch.read(self.tb.dev, len(pending))
-        counts, masks = self.observer.read(len(pending))
+        counts, bits = self.observer.read(len(pending))
         assert self.oracle is not None
         for row in range(len(pending)):
-            yield self.oracle.verdict(counts[row], None if masks is None else masks[row])
+            yield self.oracle.verdict(counts[row], None if bits is None else bits[row])
 
     def run(self, i: int, fault: Fault, marks: Marks = UNMARKED, *, load: bool = True) -> None:
         """One replay, synchronized (the benchmark; `load=False`: the forward with no load
