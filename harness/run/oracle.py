@@ -340,10 +340,12 @@ class Oracle:
         return out
 
     # ---- the verdict -------------------------------------------------------------------------
-    def verdict(self, counts: torch.Tensor, bits: torch.Tensor | None = None) -> ReplayVerdict:
+    def verdict(self, counts: torch.Tensor | list[int], bits: torch.Tensor | None = None) -> ReplayVerdict:
         """Host-side: a verdict from one replay's group counts (CPU), its unit mask's bits (CPU,
         `pack_bits`) kept for `slots`."""
-        stale = [(g, n) for g, n in zip(self.groups, counts.tolist(), strict=True) if n]
+        if isinstance(counts, torch.Tensor):
+            counts = counts.tolist()
+        stale = [(g, n) for g, n in zip(self.groups, counts, strict=True) if n]
         if not stale:
             return ReplayVerdict(0, self.read_units)
         reads = [(layer, pool, n) for (kind, layer, pool), n in stale if kind == READ]

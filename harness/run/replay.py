@@ -21,7 +21,8 @@ One replay, on the forward stream:
 
 Replays are checked in batches: the host enqueues replay after replay while the device
 runs them (as an engine's scheduler runs ahead of a busy GPU), and synchronises once per
-batch to read every row; each verdict is still its own replay's. So a replay's load op and
+batch to read every row (the batch's group counts, and its unit masks as bits when a replay
+was stale); each verdict is still its own replay's, built while the next batch runs. So a replay's load op and
 forward start together on the device, once the previous replay's observation is done
 (`pace = "queued"`, the default). With `pace = "idle"` every replay starts on a quiet device,
 and the load gets a head start of the host's own enqueue time; a gate needs the host once
@@ -211,9 +212,10 @@ class _Observer:
     replay then costs the host two graph launches, not a kernel launch per segment, and the
     device no gaps between them. The row a look writes is a cursor on the device that the look
     advances, so one graph serves every row; the host counts the rows it enqueued and checks the
-    cursor against them at every read, so each verdict stays its own replay's. While the device
-    records (the traced replay) the same work runs uncaptured, so its op list and timeline show
-    every kernel."""
+    cursor against them at every read, so each verdict stays its own replay's. A look is only the
+    comparison into its row (`Oracle.comparer`); the group counts and the bits the host reads are
+    made once a batch (`finish`). While the device records (the traced replay) the same work runs
+    uncaptured, so its op list and timeline show every kernel."""
 
     # Device memory for a batch's unit masks: a batch is as many replays as fit, at most MAX_BATCH.
     MASK_BYTES = 64 << 20
@@ -425,6 +427,15 @@ class Stopwatch:
         return t
 
 
+@dataclass(frozen=True)
+class _Batch:
+    """A batch's rows read to the host: its replays' group counts and, if any was stale, their bits."""
+
+    rows: int
+    counts: torch.Tensor
+    bits: torch.Tensor | None
+
+
 class Replayer:
     """One scenario's replay loop on a built testbed: everything per replay, nothing more.
 
@@ -453,27 +464,55 @@ class Replayer:
     def replays(self, indices: Iterable[int], fault: Fault, stopwatch: Stopwatch | None = None
                 ) -> Iterator[ReplayVerdict]:
         """Observed replays, in order, a verdict each; enqueued a batch at a time, read with one
-        host synchronisation per batch. A `stopwatch` marks each one's device time (read it after)."""
-        assert self.oracle is not None
-        pending: list[int] = []
-        for i in indices:
-            row = len(pending)
-            self.enqueue(i, fault, stopwatch.marks() if stopwatch else UNMARKED, row=row)
-            pending.append(i)
-            if len(pending) == self.observer.batch:
-                yield from self._drain(pending)
-                pending = []
-        if pending:
-            yield from self._drain(pending)
+        host synchronisation per batch. A `stopwatch` marks each one's device time (read it after).
 
-    def _drain(self, pending: list[int]) -> Iterator[ReplayVerdict]:
+        With batches of several replays, a batch's verdicts are handed out once the next batch's
+        first replay is enqueued: the device runs it while the host builds them and the caller
+        takes them, where it would otherwise idle. Each verdict is still built from its own
+        replay's row of its own batch, and every verdict is handed out before this returns."""
+        assert self.oracle is not None
+        overlap = self.observer.batch > 1
+        pending: list[int] = []
+        read: _Batch | None = None  # the last batch read, its verdicts not handed out yet
+        try:
+            for i in indices:
+                row = len(pending)
+                self.enqueue(i, fault, stopwatch.marks() if stopwatch else UNMARKED, row=row)
+                pending.append(i)
+                if read is not None:
+                    done, read = read, None
+                    yield from self._verdicts(done)
+                if len(pending) == self.observer.batch:
+                    read, pending = self._read(pending), []
+                    if not overlap:
+                        done, read = read, None
+                        yield from self._verdicts(done)
+            if read is not None:
+                done, read = read, None
+                yield from self._verdicts(done)
+            if pending:
+                done, pending = self._read(pending), []
+                yield from self._verdicts(done)
+        except GeneratorExit:
+            # The caller stopped early, with a batch enqueued and not read: read it (its verdicts
+            # are nobody's), so that the next call's first replay writes row 0.
+            if pending:
+                self._read(pending)
+            raise
+
+    def _read(self, pending: list[int]) -> _Batch:
+        """A batch's counts and bits on the host, once every replay of it has run."""
         self.observer.finish(len(pending))
         self.tb.dev.synchronize(self.timeout_s)  # bounded: a hung replay is an error, not a hang
         self.gating.check(pending[0])  # a gated batch is that one replay
         counts, bits = self.observer.read(len(pending))
+        return _Batch(len(pending), counts, bits)
+
+    def _verdicts(self, batch: _Batch) -> Iterator[ReplayVerdict]:
         assert self.oracle is not None
-        for row in range(len(pending)):
-            yield self.oracle.verdict(counts[row], None if bits is None else bits[row])
+        counts = batch.counts.tolist()  # one call for the batch, not one a replay
+        for row in range(batch.rows):
+            yield self.oracle.verdict(counts[row], None if batch.bits is None else batch.bits[row])
 
     def run(self, i: int, fault: Fault, marks: Marks = UNMARKED, *, load: bool = True) -> None:
         """One replay, synchronized (the benchmark; `load=False`: the forward with no load
