@@ -38,13 +38,14 @@ VIEWS = {"aten::slice", "aten::view", "aten::as_strided", "aten::select", "aten:
 
 
 def top_level_ops(fn) -> list[str]:
-    """The aten ops `fn` runs at the top level, views left out (on a GPU each is a kernel here:
-    elementwise ops and reductions on given outputs)."""
+    """The aten ops `fn` runs at the top level, views left out, and the dtype casts they make inside
+    (on a GPU each is a kernel here: elementwise ops, reductions on given outputs, casts)."""
     fn()  # once outside the profiler: nothing left to set up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
     return [e.name for e in prof.events()
-            if e.cpu_parent is None and e.name.startswith("aten::") and e.name not in VIEWS]
+            if (e.cpu_parent is None and e.name.startswith("aten::") and e.name not in VIEWS)
+            or (e.cpu_parent is not None and e.name == "aten::_to_copy")]
 
 
 def test_an_attention_look_is_two_compares_and_two_reductions():

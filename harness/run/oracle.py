@@ -332,8 +332,11 @@ class Oracle:
 
     def batch_passes(self, rows: int) -> list[Pass]:
         """The counter's kernels over `rows` masks, with their bytes."""
-        out = [Pass("count per group", rows * (p.units.stop - p.units.start),
-                    8 * rows * (p.groups.stop - p.groups.start)) for p in self._pieces]
+        out = []
+        for p in self._pieces:
+            n, g = rows * (p.units.stop - p.units.start), rows * (p.groups.stop - p.groups.start)
+            # torch sums bools into int64 by widening its input first (a copy), then reduces.
+            out += [Pass("count: widen", n, 8 * n), Pass("count: sum per group", 8 * n, 8 * g)]
         width = rows * self.mask_width
         out.append(Pass("pack bits: shift", width + MASK_ALIGN, width))
         out.append(Pass("pack bits: or", width, width // MASK_ALIGN))
