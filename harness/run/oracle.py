@@ -272,7 +272,13 @@ class Oracle:
             else:
                 steps.append(functools.partial(_not_close_into, got, want, tol.rtol, tol.atol, differs))
             for r in run.reduces:
-                reduces.append((differs[r.words].view(-1, r.row), mask_out[r.units]))
+                # The flags read in the widest words a row of them divides into (eight a word at every
+                # checking shape): a word is nonzero when any of its flags is set, so a unit's row
+                # reduces to the same answer over an eighth of the elements. (On a GPU `any` reads
+                # them as they are; on the CPU torch casts them to bool first.)
+                flags = differs[r.words]
+                word = _word(flags, r.row)
+                reduces.append((flags.view(word).view(-1, r.row // word.itemsize), mask_out[r.units]))
 
         def compare() -> None:
             for step in steps:
