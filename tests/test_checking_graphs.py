@@ -172,6 +172,9 @@ def test_the_value_comparison_agrees_with_isclose():
         fast = _not_within(got, want_f, atol + rtol * want_f.abs())
         ref = ~torch.isclose(got.float(), want.float(), rtol=rtol, atol=atol)
         assert torch.equal(fast, ref)
+        into = torch.zeros_like(ref)
+        _not_within(got, want_f, atol + rtol * want_f.abs(), out=into)  # the comparer's form
+        assert torch.equal(into, ref)
         assert ref.any() and not ref.all()
 
 

@@ -138,3 +138,19 @@ def test_a_replays_look_is_its_compares_its_row_and_the_cursor(shape):
     # The compares and reductions, the row's copy, the cursor's step (and the zero_ this test adds).
     assert len(ops) == len(r.oracle.look_passes()) + 3
     assert ops[-3:] == ["aten::index_copy_", "aten::add_", "aten::zero_"]
+
+
+@pytest.mark.parametrize("infinite_truth", [False, True])
+def test_a_tolerance_compares_values_into_the_same_mask(infinite_truth):
+    o = oracle_of(HYBRID, (Request(5, 3), Request(2, 6)), Tolerance(rtol=1e-2, atol=1e-3))
+    truth = o.truth.clone()
+    if infinite_truth:
+        truth[-1] = float("inf")  # the last output element: isclose, computed whole
+        o = Oracle(arena_layout(plan_layout(HYBRID, (Request(5, 3), Request(2, 6)))), truth,
+                   Tolerance(rtol=1e-2, atol=1e-3))
+    arena = truth.clone()
+    arena[-2] = arena[-2] * (1 + 1e-4)  # within the tolerance
+    assert not o.judge(arena).stale
+    arena[-2] = arena[-2] + 1.0
+    v = o.judge(arena)
+    assert v.output_differs and v.stale_units == 1 and not v.stale_reads

@@ -73,28 +73,20 @@ class Pass:
         return self.read + self.written
 
 
-def _not_close(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> torch.Tensor:
-    return ~torch.isclose(got.float(), want.float(), rtol=rtol, atol=atol)
+def _not_close(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    differs = ~torch.isclose(got.float(), want.float(), rtol=rtol, atol=atol)
+    return differs if out is None else out.copy_(differs)
 
 
-def _not_close_into(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float, out: torch.Tensor) -> None:
-    out.copy_(_not_close(got, want, rtol, atol))
-
-
-def _not_within(got: torch.Tensor, want_f: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+def _not_within(got: torch.Tensor, want_f: torch.Tensor, bound: torch.Tensor,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """`~isclose(got, want)` for a finite `want` (in fp32) and `bound = atol + rtol * |want|`, in four
     kernels: |got - want| <= bound is False for NaN and for an infinite `got`, as isclose is."""
     d = torch.sub(got, want_f)  # promoted to fp32 in the kernel
     d.abs_()
-    close = torch.le(d, bound)
+    close = torch.le(d, bound) if out is None else torch.le(d, bound, out=out)
     return close.logical_not_()
-
-
-def _not_within_into(got: torch.Tensor, want_f: torch.Tensor, bound: torch.Tensor, out: torch.Tensor) -> None:
-    d = torch.sub(got, want_f)
-    d.abs_()
-    torch.le(d, bound, out=out)
-    out.logical_not_()
 
 
 @dataclass(frozen=True)
@@ -188,7 +180,6 @@ class Oracle:
         if arena.size != truth.numel():
             raise ValueError("arena layout and ground truth disagree")
         self.units = arena.units
-        device = truth.device
         self.truth = truth
         self.tolerance = tolerance
         # Units are rows of equal size within a segment: compare a segment as a [units, size]
@@ -246,13 +237,12 @@ class Oracle:
             u += size
         self.read_units = sum(u.kind == READ for u in self.units)
         self.mask_width = mask_width(len(self.units))
-        self._device = device
 
     # ---- per replay: the unit mask ------------------------------------------------------------
     def comparer(self, arena: torch.Tensor, mask_out: torch.Tensor) -> Callable[[], None]:
         """Device-side work that compares `arena` into the unit mask given (its first units), its
-        views and buffers made once: it allocates nothing (the replay loop's look runs it every
-        replay, or captures it into a graph)."""
+        views and buffers made once: under the default (exact) tolerance it allocates nothing (the
+        replay loop's look runs it every replay, or captures it into a graph)."""
         tol = self.tolerance
         steps: list[Callable[[], object]] = []
         reduces: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -268,9 +258,9 @@ class Oracle:
                 # isclose against a finite truth, with what depends on the truth alone computed once.
                 want_f = want.float()
                 bound = tol.atol + tol.rtol * want_f.abs()
-                steps.append(functools.partial(_not_within_into, got, want_f, bound, differs))
+                steps.append(functools.partial(_not_within, got, want_f, bound, out=differs))
             else:
-                steps.append(functools.partial(_not_close_into, got, want, tol.rtol, tol.atol, differs))
+                steps.append(functools.partial(_not_close, got, want, tol.rtol, tol.atol, out=differs))
             for r in run.reduces:
                 # The flags read in the widest words a row of them divides into (eight a word at every
                 # checking shape): a word is nonzero when any of its flags is set, so a unit's row
