@@ -123,9 +123,11 @@ def test_the_traced_replay_shows_the_harness_kernels_not_a_graph():
 def test_the_stopwatch_splits_each_replays_device_time():
     r = replayer(scenario())
     sw = Stopwatch()
+    sw.ready(r.tb.dev, r.tb.forward, 70)
     assert len(list(r.replays(range(70), Fault(), sw))) == 70
-    t = sw.times
-    assert t.replays == 70 and len(t.load_replay_each_ms) == 70 and len(sw.rows) == 64  # a Marks per row
+    assert sw.times.replays == 0  # nothing read inside the replay loop
+    t = sw.read(r.tb.dev)
+    assert t.replays == 70 and len(t.load_replay_each_ms) == 70 and len(sw.rows) == 70  # a Marks per replay
     assert t.load_replay_ms > 0 and t.poison_ms > 0 and t.look_ms > 0 and t.idle_ms >= 0
     assert sw.rows[0].begin is not None and sw.rows[0].looked is not None
 
@@ -170,6 +172,9 @@ def test_the_value_comparison_agrees_with_isclose():
         fast = _not_within(got, want_f, atol + rtol * want_f.abs())
         ref = ~torch.isclose(got.float(), want.float(), rtol=rtol, atol=atol)
         assert torch.equal(fast, ref)
+        into = torch.zeros_like(ref)
+        _not_within(got, want_f, atol + rtol * want_f.abs(), out=into)  # the comparer's form
+        assert torch.equal(into, ref)
         assert ref.any() and not ref.all()
 
 

@@ -103,3 +103,28 @@ def test_bf16_probes_are_compared_bit_for_bit_in_rows_of_any_width():
     r = layout.requests[0]
     assert v.stale_units == 2 and v.stale_reads == 2
     assert v.slots == {(0, "k", r.prefix.start + 2), (1, "conv", r.mamba_slot)}
+
+
+def test_a_batchs_verdicts_are_handed_out_while_the_next_batch_runs(odd_skip):
+    from harness.run.checking import checked_replayer
+
+    r = checked_replayer(SimDevice(), scenario(schedule=odd_skip))
+    enqueued: list[int] = []
+    real = r.enqueue
+    r.enqueue = lambda i, *a, **k: (enqueued.append(i), real(i, *a, **k))[1]  # type: ignore[method-assign]
+    seen = [(len(enqueued), v.stale) for v in r.replays(range(130), Fault())]
+    # Batch 0's verdicts once replay 64 is enqueued, batch 1's once replay 128 is, the last two at the
+    # end; every one still its own replay's.
+    assert [e for e, _ in seen] == [65] * 64 + [129] * 64 + [130] * 2
+    assert [stale for _, stale in seen] == [i % 2 == 1 for i in range(130)]
+
+
+def test_a_caller_that_stops_early_leaves_the_loop_at_row_zero(odd_skip):
+    from harness.run.checking import checked_replayer
+
+    r = checked_replayer(SimDevice(), scenario(schedule=odd_skip))
+    gen = r.replays(range(130), Fault())
+    assert [next(gen).stale for _ in range(3)] == [False, True, False]  # replay 64 is enqueued by now
+    gen.close()
+    assert r.observer.rows == 0
+    assert [v.stale for v in r.replays(range(10), Fault())] == [i % 2 == 1 for i in range(10)]

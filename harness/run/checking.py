@@ -2,7 +2,8 @@
 
 Per shape, one run of checked replays as `fence-harness run` runs them (the replay loop, the
 poisoning, the comparison on the device, one host synchronisation per batch, the tally), each
-replay marked on the device as it runs (`replay.Stopwatch`, events recorded again every batch):
+replay marked on the device as it runs (`replay.Stopwatch`: events made before the run, recorded
+as each replay runs, read after the run, outside its wall time):
 
 - **device bound**: the load op and the replay, from the load op's start to the forward
   stream's join with every stream, mean over the run's replays: what is checked;
@@ -124,12 +125,13 @@ def checked_run(replayer: Replayer, replays: int, warmup: int | None = None) -> 
     for _ in replayer.replays(range(warmup if warmup is not None else replayer.observer.batch), fault):
         pass
     stopwatch, tally = Stopwatch(), Tally()
+    stopwatch.ready(replayer.tb.dev, replayer.tb.forward, replays)  # its events made before the clock starts
     with collector_paused():  # as run_scenario does
         t0 = time.perf_counter()
         for verdict in replayer.replays(range(replays), fault, stopwatch):
             tally.add(verdict)
         wall = time.perf_counter() - t0
-    return CheckedRun(replays / wall if wall else 0.0, tally, stopwatch.times)
+    return CheckedRun(replays / wall if wall else 0.0, tally, stopwatch.read(replayer.tb.dev))
 
 
 def measure(dev: Device, shape: Shape, replays: int, runs: int = 2, timeout_s: float = 30.0) -> CheckingPoint:

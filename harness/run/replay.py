@@ -21,7 +21,8 @@ One replay, on the forward stream:
 
 Replays are checked in batches: the host enqueues replay after replay while the device
 runs them (as an engine's scheduler runs ahead of a busy GPU), and synchronises once per
-batch to read every row; each verdict is still its own replay's. So a replay's load op and
+batch to read every row (the batch's group counts, and its unit masks as bits when a replay
+was stale); each verdict is still its own replay's, built while the next batch runs. So a replay's load op and
 forward start together on the device, once the previous replay's observation is done
 (`pace = "queued"`, the default). With `pace = "idle"` every replay starts on a quiet device,
 and the load gets a head start of the host's own enqueue time; a gate needs the host once
@@ -211,9 +212,10 @@ class _Observer:
     replay then costs the host two graph launches, not a kernel launch per segment, and the
     device no gaps between them. The row a look writes is a cursor on the device that the look
     advances, so one graph serves every row; the host counts the rows it enqueued and checks the
-    cursor against them at every read, so each verdict stays its own replay's. While the device
-    records (the traced replay) the same work runs uncaptured, so its op list and timeline show
-    every kernel."""
+    cursor against them at every read, so each verdict stays its own replay's. A look is only the
+    comparison into its row (`Oracle.comparer`); the group counts and the bits the host reads are
+    made once a batch (`finish`). While the device records (the traced replay) the same work runs
+    uncaptured, so its op list and timeline show every kernel."""
 
     # Device memory for a batch's unit masks: a batch is as many replays as fit, at most MAX_BATCH.
     MASK_BYTES = 64 << 20
@@ -221,8 +223,7 @@ class _Observer:
 
     def __init__(self, tb: Testbed, oracle: Oracle, batch: int):
         self.tb, self.oracle = tb, oracle
-        units = max(1, len(oracle.units))
-        self.batch = max(1, min(batch, self.MAX_BATCH, self.MASK_BYTES // units))
+        self.batch = max(1, min(batch, self.MAX_BATCH, self.MASK_BYTES // oracle.mask_width))
         device = oracle.truth.device
         # Made on the forward stream, where the poisoning and the look use them: made on the
         # default stream, nothing would order the look's warm-up (on a side stream) after them.
@@ -232,15 +233,17 @@ class _Observer:
         self.look_graph: Graph | None = None
 
     def _buffers(self, tb: Testbed, oracle: Oracle, device: torch.device) -> None:
-        units = max(1, len(oracle.units))
-        self.masks = torch.zeros((self.batch, units), dtype=torch.bool, device=device)
-        self.counts = torch.zeros((self.batch, len(oracle.groups)), dtype=torch.int32, device=device)
-        self.cursor = torch.zeros(1, dtype=torch.long, device=device)  # the row the next look writes
+        # A batch's unit masks, a row a replay; the look writes its replay's row through the cursor.
+        self.masks = torch.zeros((self.batch, oracle.mask_width), dtype=torch.bool, device=device)
+        # The cursor and, after a batch, its group counts: one buffer, so one copy to the host.
+        self.header = torch.zeros(1 + oracle.counts_size(self.batch), dtype=torch.long, device=device)
+        self.cursor = self.header[:1]  # the row the next look writes
+        self.bits = torch.zeros((self.batch, oracle.mask_width // 8), dtype=torch.uint8, device=device)
         self.rows = 0  # looks enqueued since the last read: the host's count of the cursor
-        # This replay's unit mask and group counts, before the look copies them into its row.
-        self._mask = torch.zeros(units, dtype=torch.bool, device=device)
-        self._counts = torch.zeros(len(oracle.groups), dtype=torch.int32, device=device)
-        self._compare = oracle.comparer(tb.model.probes.arena, self._mask[:len(oracle.units)], self._counts)
+        # This replay's unit mask, before the look copies it into its row.
+        self._mask = torch.zeros(oracle.mask_width, dtype=torch.bool, device=device)
+        self._compare = oracle.comparer(tb.model.probes.arena, self._mask)
+        self._count = oracle.counter(self.masks, self.header[1:], self.bits)
         # The probe arena's poison: a NaN in each unit's first element, a unit's row being written
         # whole (one copy) or not at all, so an unwritten unit differs from ground truth as a wholly
         # poisoned one would, for a pass over a few elements a unit instead of the arena (a gigabyte
@@ -279,7 +282,6 @@ class _Observer:
     def _compare_into_row(self) -> None:
         self._compare()
         self.masks.index_copy_(0, self.cursor, self._mask[None])
-        self.counts.index_copy_(0, self.cursor, self._counts[None])
         self.cursor.add_(1)
 
     def _restart(self) -> None:
@@ -312,20 +314,27 @@ class _Observer:
                 self._look()
             marks.take(dev, tb.forward, "looked")
 
+    def finish(self, rows: int) -> None:
+        """Once a batch's looks are enqueued: its group counts and its masks' bits, on the device
+        (one pass over the batch's masks, not a reduction a replay)."""
+        tb, dev = self.tb, self.tb.dev
+        with dev.stream(tb.forward), dev.harness_work():
+            dev.launch(lambda: self._count(rows), what="count")
+
     def read(self, rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The first `rows` rows (group counts, and the unit masks when a replay was stale), on the
-        host; after a synchronize. The next batch starts at row 0."""
-        written = int(self.cursor.cpu()[0])
+        """The first `rows` rows (group counts, and the unit masks' bits when a replay was stale), on
+        the host; after `finish` and a synchronize. The next batch starts at row 0."""
+        header = self.header.to("cpu", copy=True)
+        written = int(header[0])
         if not rows == self.rows == written:
             raise RuntimeError(f"a batch of {rows} replays enqueued {self.rows} looks that wrote {written} rows: "
                                "its verdicts would not be each replay's own")
-        # Copies, also where the device's memory is the host's (the simulator): a verdict keeps its
-        # mask row for `slots`, and the next batch writes these rows again.
-        counts = self.counts[:rows].to("cpu", copy=True)
-        masks = self.masks[:rows].to("cpu", copy=True) if counts.any() else None
+        counts = self.oracle.counts_of(header[1:], self.batch, rows)
+        # A copy, also where the device's memory is the host's (the simulator): a verdict keeps its
+        # bits for `slots`, and the next batch writes these rows again.
+        bits = self.bits[:rows].to("cpu", copy=True) if counts.any() else None
         self._restart()
-        return counts, masks
-
+        return counts, bits
 
 class _Unobserved(_Observer):
     """Timing only (the benchmark): nothing is prepared, poisoned or compared."""
@@ -341,6 +350,9 @@ class _Unobserved(_Observer):
         pass
 
     def after(self, row: int, marks: Marks = UNMARKED) -> None:
+        pass
+
+    def finish(self, rows: int) -> None:
         pass
 
 
@@ -365,22 +377,41 @@ class ReplayTimes:
 
 
 class Stopwatch:
-    """Marks every checked replay (`Replayer.replays(..., stopwatch=)`): one `Marks` per batch row,
-    recorded again each batch, read after each batch's host synchronisation."""
+    """Marks every checked replay (`Replayer.replays(..., stopwatch=)`): one `Marks` a replay, its
+    events made and recorded once beforehand (`ready`), recorded again as the replay runs, and all
+    read after the run (`read`): reading them is the benchmark's measuring, not the harness's
+    checking, so it stays out of the replay loop and of its wall time (a few hundred event reads a
+    batch were most of the device's idle time between batches)."""
 
     def __init__(self) -> None:
-        self.rows: list[Marks] = []
+        self.rows: list[Marks] = []  # a replay's marks, in order
         self.times = ReplayTimes()
+        self._taken = 0  # marks handed out to replays
+        self._read = 0  # marks read into `times`
         self._last_looked: float | None = None
 
-    def marks(self, row: int) -> Marks:
-        while len(self.rows) <= row:
-            self.rows.append(Marks())
-        return self.rows[row]
+    def ready(self, dev: Device, stream: Stream, replays: int) -> None:
+        """Make the next `replays` replays' markers now (each recorded once on `stream`), so that the
+        replay loop records existing events and makes none."""
+        with dev.stream(stream):
+            while len(self.rows) < self._taken + replays:
+                m = Marks()
+                for at in ("begin", "start", "launch", "end", "joined", "looked"):
+                    m.take(dev, stream, at)
+                self.rows.append(m)
+        dev.synchronize()
 
-    def read(self, dev: Device, rows: int) -> None:
+    def marks(self) -> Marks:
+        """The next replay's marks."""
+        if self._taken == len(self.rows):
+            self.rows.append(Marks())
+        self._taken += 1
+        return self.rows[self._taken - 1]
+
+    def read(self, dev: Device) -> ReplayTimes:
+        """Every replay marked since the last read, into `times` (after a synchronize)."""
         t = self.times
-        for m in self.rows[:rows]:
+        for m in self.rows[self._read:self._taken]:
             begin, start, joined, looked = (dev.marker_us(x) for x in (m.begin, m.start, m.joined, m.looked))
             if begin is None or start is None or joined is None or looked is None:
                 continue  # a device with no timing markers
@@ -392,6 +423,17 @@ class Stopwatch:
             t.load_replay_each_ms.append((joined - start) / 1e3)
             t.look_ms += (looked - joined) / 1e3
             self._last_looked = looked
+        self._read = self._taken
+        return t
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """A batch's rows read to the host: its replays' group counts and, if any was stale, their bits."""
+
+    rows: int
+    counts: torch.Tensor
+    bits: torch.Tensor | None
 
 
 class Replayer:
@@ -422,28 +464,55 @@ class Replayer:
     def replays(self, indices: Iterable[int], fault: Fault, stopwatch: Stopwatch | None = None
                 ) -> Iterator[ReplayVerdict]:
         """Observed replays, in order, a verdict each; enqueued a batch at a time, read with one
-        host synchronisation per batch. A `stopwatch` marks each one's device time."""
-        assert self.oracle is not None
-        pending: list[int] = []
-        for i in indices:
-            row = len(pending)
-            self.enqueue(i, fault, stopwatch.marks(row) if stopwatch else UNMARKED, row=row)
-            pending.append(i)
-            if len(pending) == self.observer.batch:
-                yield from self._drain(pending, stopwatch)
-                pending = []
-        if pending:
-            yield from self._drain(pending, stopwatch)
+        host synchronisation per batch. A `stopwatch` marks each one's device time (read it after).
 
-    def _drain(self, pending: list[int], stopwatch: Stopwatch | None) -> Iterator[ReplayVerdict]:
+        With batches of several replays, a batch's verdicts are handed out once the next batch's
+        first replay is enqueued: the device runs it while the host builds them and the caller
+        takes them, where it would otherwise idle. Each verdict is still built from its own
+        replay's row of its own batch, and every verdict is handed out before this returns."""
+        assert self.oracle is not None
+        overlap = self.observer.batch > 1
+        pending: list[int] = []
+        read: _Batch | None = None  # the last batch read, its verdicts not handed out yet
+        try:
+            for i in indices:
+                row = len(pending)
+                self.enqueue(i, fault, stopwatch.marks() if stopwatch else UNMARKED, row=row)
+                pending.append(i)
+                if read is not None:
+                    done, read = read, None
+                    yield from self._verdicts(done)
+                if len(pending) == self.observer.batch:
+                    read, pending = self._read(pending), []
+                    if not overlap:
+                        done, read = read, None
+                        yield from self._verdicts(done)
+            if read is not None:
+                done, read = read, None
+                yield from self._verdicts(done)
+            if pending:
+                done, pending = self._read(pending), []
+                yield from self._verdicts(done)
+        except GeneratorExit:
+            # The caller stopped early, with a batch enqueued and not read: read it (its verdicts
+            # are nobody's), so that the next call's first replay writes row 0.
+            if pending:
+                self._read(pending)
+            raise
+
+    def _read(self, pending: list[int]) -> _Batch:
+        """A batch's counts and bits on the host, once every replay of it has run."""
+        self.observer.finish(len(pending))
         self.tb.dev.synchronize(self.timeout_s)  # bounded: a hung replay is an error, not a hang
         self.gating.check(pending[0])  # a gated batch is that one replay
-        if stopwatch is not None:
-            stopwatch.read(self.tb.dev, len(pending))
-        counts, masks = self.observer.read(len(pending))
+        counts, bits = self.observer.read(len(pending))
+        return _Batch(len(pending), counts, bits)
+
+    def _verdicts(self, batch: _Batch) -> Iterator[ReplayVerdict]:
         assert self.oracle is not None
-        for row in range(len(pending)):
-            yield self.oracle.verdict(counts[row], None if masks is None else masks[row])
+        counts = batch.counts.tolist()  # one call for the batch, not one a replay
+        for row in range(batch.rows):
+            yield self.oracle.verdict(counts[row], None if batch.bits is None else batch.bits[row])
 
     def run(self, i: int, fault: Fault, marks: Marks = UNMARKED, *, load: bool = True) -> None:
         """One replay, synchronized (the benchmark; `load=False`: the forward with no load
