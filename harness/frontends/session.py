@@ -1,6 +1,6 @@
 """A command's scenario loop, and how it stops early: SIGINT, SIGTERM or a lost device.
 
-Every command that runs scenarios (run, mutants, soak) goes through `run_scenarios`,
+Every command that runs scenarios (run, mutants, soak, graph-check) goes through `run_scenarios`,
 so a stop is handled one way: the scenario in progress is dropped, the finished ones
 are kept, and `write_partial` writes them as a partial results.json with one line on
 stderr. SIGTERM becomes an interrupt only while a command runs (`signals_interrupt`).
@@ -73,13 +73,13 @@ def _is_device_error(e: BaseException) -> bool:
 
 
 def run_one(s: Scenario, dev: Device, replays: int | None, timeout_s: float,
-            until: Until | None = None) -> ScenarioResult:
+            until: Until | None = None, counted: bool = True) -> ScenarioResult:
     """run_scenario, with a lost device raised as DeviceLost (carrying the scenario's error)."""
     from harness.run.pipeline import ScenarioResult, run_scenario
 
     t0 = time.perf_counter()
     try:
-        return run_scenario(s, dev, replays=replays, timeout_s=timeout_s, until=until)
+        return run_scenario(s, dev, replays=replays, timeout_s=timeout_s, until=until, counted=counted)
     except RuntimeError as e:
         if not _is_device_error(e):
             raise
@@ -105,9 +105,11 @@ def run_scenarios(
     done: Callable[[ScenarioResult], None],
     begin: Callable[[], None] = lambda: None,
     until: Until | None = None,
+    counted: bool = True,
 ) -> Stop | None:
     """`begin()`, then each scenario on `device()`, calling `done(result)` after each; how the
     loop stopped early, or None. `until`: run --until-confidence's stopping rule, or None.
+    `counted=False`: each scenario stops after its graph check (`run_scenario`), as graph-check does.
 
     An interrupt (from `begin` on: once it has printed, a run has started) drops the
     scenario in progress; a lost device ends the loop after its scenario, which `done`
@@ -118,7 +120,7 @@ def run_scenarios(
         begin()
         for s in scenarios:
             try:
-                r = run_one(s, device(), replays, timeout_s, until)
+                r = run_one(s, device(), replays, timeout_s, until, counted)
             except DeviceLost as e:
                 from harness.run.pipeline import ScenarioResult
 
