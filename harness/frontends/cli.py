@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.engines import ENGINES
-from harness.frontends import engine_matrix, soak
+from harness.frontends import engine_matrix, graph_check, soak
 from harness.frontends.cli_args import device_arguments, interval_width, out_argument, positive_int
 from harness.frontends.fence_commands import HANDLERS as FENCE_HANDLERS
 from harness.frontends.fence_commands import add_commands as add_fence_commands
@@ -51,7 +51,8 @@ exit codes:
   0    every scenario met its expectation; compare: no regression; bench, report: done
   1    a scenario did not, or ended in an error (a replay past its timeout, out of
        memory): the run goes on with the next one; a mutant survived or a correct
-       variant was flagged; a soak's false positive; compare: a regression
+       variant was flagged; a soak's false positive; compare: a regression;
+       graph-check: a graph verdict disagreed with an expectation, or an error
   2    bad input (one line naming the file, the key and what is valid), a usage
        error, no command; no usable device (--device cuda without CUDA), or a
        device lost mid-run (the finished scenarios kept as a partial results.json)
@@ -118,6 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     add_fence_commands(sub)
     soak.add_command(sub)
     engine_matrix.add_command(sub)
+    graph_check.add_command(sub)
     return p
 
 
@@ -341,7 +343,7 @@ def _print_graph_check(r) -> None:
 def _command(args: argparse.Namespace) -> int:
     """The command's handler, under the interrupt handlers; a HarnessError as one line."""
     handlers = {"run": cmd_run, "repro": cmd_repro, "mutants": cmd_mutants, "soak": soak.cmd_soak,
-                "engine-matrix": engine_matrix.cmd_engine_matrix,
+                "engine-matrix": engine_matrix.cmd_engine_matrix, "graph-check": graph_check.cmd_graph_check,
                 **REPORT_HANDLERS, **FENCE_HANDLERS}
     try:
         with signals_interrupt():

@@ -29,6 +29,7 @@ from harness.records.rates import LEVEL, METHOD, SEE_CONFIDENCE, Rate
 
 if TYPE_CHECKING:
     from harness.run.pipeline import ScenarioResult
+    from harness.run.verdict import GraphVerdict
 
 SCHEMA_VERSION = 1
 
@@ -151,6 +152,23 @@ def graph_entry(g: GraphCheck | None) -> dict | None:
                              "streams": {"copy": f.copy_stream, "replay": f.replay_stream}}
                             for f in g.findings],
     }
+
+
+def op_list_state(g: GraphCheck | None) -> str:
+    """Whether the recorded op list matched the graphs: matched, differs, not read, or "-" (no check ran)."""
+    if g is None:
+        return "-"
+    if g.unavailable is not None and not g.graphs:
+        return "not read"
+    return "matched" if g.matched else "differs"
+
+
+def graph_check_entry(name: str, g: GraphCheck | None, v: GraphVerdict) -> dict:
+    """`fence-harness graph-check`: one scenario's graph verdict against its expectation."""
+    return {"name": name, "expect": v.expect.value, "graph": v.describe(), "status": v.status.value,
+            "compared": v.compared, "findings": v.findings, "op_list": op_list_state(g),
+            "nodes": [c.nodes for c in g.graphs] if g is not None else [],
+            "error": v.error, "unavailable": v.unavailable}
 
 
 def _engine(name: str | None) -> dict | None:

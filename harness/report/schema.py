@@ -80,6 +80,12 @@ A document is one JSON object::
     strategies      (optional) {cells: [{scenario, strategy, stale_replays, replays, findings,
                                 error, ok}]}: `fence-harness fences`
     soak            (optional) the counts of a `fence-harness soak` (see the README)
+    graph_check     (optional) `fence-harness graph-check` (its scenario entries ran no counted replay):
+                    {scenarios: [{name, expect, graph "race" | "clean" | "error" | "not checked",
+                    status "agrees" | "disagrees" | "error" | "not a graph race" | "not checked",
+                    compared (the expectation is one the graph must agree with), findings, op_list
+                    "matched" | "differs" | "not read" | "-", nodes [per replayed graph], error,
+                    unavailable}], counts {status: scenarios}}
     skipped         (optional) [{name, why}]: scenarios of the files that this device does not run
                     (their `devices` leave it out), and why
     partial, interrupted, not_run
@@ -216,6 +222,14 @@ SCHEMA = {
         "points": [{"model": STR, "layers": INT, "prefix": INT, "strategy": STR,
                     "median_ms": NUMBER, "p10_ms": NUMBER, "p90_ms": NUMBER,
                     "ratio_to_bound": NUMBER, "load_ms": NUMBER, "compute_ms": NUMBER}],
+    }),
+    "graph_check?": Nullable({
+        "scenarios": [{"name": STR, "expect": OneOf("race", "clean"),
+                       "graph": OneOf("race", "clean", "error", "not checked"),
+                       "status": OneOf("agrees", "disagrees", "error", "not a graph race", "not checked"),
+                       "compared": BOOL, "findings": INT, "op_list": OneOf("matched", "differs", "not read", "-"),
+                       "nodes": [INT], "error": Nullable(STR), "unavailable": Nullable(STR)}],
+        "counts": MapOf(INT),
     }),
     "checking?": Nullable({
         "points": [{"shape": STR, "device_ms": NUMBER, "replays": INT, "replays_per_s": NUMBER,

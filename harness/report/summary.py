@@ -44,7 +44,10 @@ def _contents(doc: dict) -> list[str]:
     parts = []
     if doc.get("partial"):
         parts.append(f"PARTIAL run, {stopped_text(doc)}")
-    if doc["scenarios"]:
+    if doc.get("graph_check"):  # graph-check ran no counted replay: its verdicts are the graph's
+        counts = doc["graph_check"]["counts"]
+        parts.append(", ".join(f"{n} {status}" for status, n in counts.items()))
+    elif doc["scenarios"]:
         parts.append(f"{s['met']}/{s['scenarios']} met")
     if s.get("errors"):
         parts.append(f"{s['errors']} errors")
@@ -465,6 +468,28 @@ def _graph_block(doc: dict) -> list[str]:
     if not rows:
         return []
     return [f"**Graph check**: {GRAPH_CAPTION}", "", *_table(GRAPH_HEADER, rows)]
+
+
+GRAPH_CHECK_CAPTION = ("each scenario's captured graphs checked by their own nodes and edges after one traced "
+                       "replay, with no counted replay: race where the check has findings; compared with the "
+                       "expectation where a full-graph replay can show the race (else: not a graph race)")
+GRAPH_CHECK_HEADER = ["scenario", "expected", "graph verdict", "graph findings", "op list", "nodes", "status"]
+
+
+def graph_check_rows(doc: dict) -> list[list]:
+    """`fence-harness graph-check`: one row per scenario (its printed line holds the same)."""
+    return [[c["name"], c["expect"], c["graph"], c["findings"], c["op_list"],
+             "+".join(str(n) for n in c["nodes"]) or "-", c["status"] + (f": {c['error']}" if c["error"] else "")]
+            for c in doc["graph_check"]["scenarios"]]
+
+
+def render_graph_check(doc: dict) -> str:
+    """summary.md of `fence-harness graph-check`: the graph verdicts, then the graph-check table."""
+    blocks = [[f"**fence-harness graph-check** · {_cell(headline(doc))}"], _partial_block(doc),
+              _skipped_block(doc),
+              [f"**Graph verdicts**: {GRAPH_CHECK_CAPTION}", "", *_table(GRAPH_CHECK_HEADER, graph_check_rows(doc))],
+              _graph_block(doc)]
+    return "\n\n".join("\n".join(b) for b in blocks if b) + "\n"
 
 
 def _strategy_block(doc: dict) -> list[str]:

@@ -11,13 +11,20 @@ plugin, and (from results.json) compare and the reports.
   kind (`evidence = "data"`: a scenario meant to show the data going wrong).
 - A scenario that expects clean is met only with no stale data and no findings.
 - A scenario that ended in an error meets nothing.
+
+`fence-harness graph-check` asks one question of each scenario, answered here too
+(`decide_graph`): does the graph check alone, with no replay, agree with the
+expectation? Only where a full-graph replay can show the race (`graph_shows_race`);
+a correct variant must have no graph finding whatever its backend.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
-from harness.records.scenario import Evidence, Expect, Scenario
+from harness.records.graph import GraphCheck
+from harness.records.scenario import Backend, Evidence, Expect, Hazard, Scenario
 
 
 @dataclass(frozen=True)
@@ -69,3 +76,66 @@ def decide(scenario: Scenario, stale_replays: int, findings: int, error: str | N
     evidence = tuple(e for e in Evidence if seen[e])
     observed = Expect.RACE if evidence else Expect.CLEAN
     return Verdict(scenario.expect, observed, evidence, scenario.evidence)
+
+
+def graph_shows_race(scenario: Scenario) -> bool:
+    """Whether the graph check can show this scenario's race: a node of the whole-body graph (backend
+    full) reading or writing a region before the load op's copy lands (raw, waw). The other hazards
+    order copies outside the graph after its accesses (the next batch's load over slots a replay
+    reads, the write-back and its host buffers): no graph node misses an edge from a load. Breakable
+    and eager races are waits the Python accessors skip, between graphs or with none."""
+    return scenario.backend is Backend.FULL and scenario.hazard in (Hazard.RAW, Hazard.WAW)
+
+
+class GraphStatus(str, enum.Enum):
+    """How a scenario's graph check compares with its expectation."""
+
+    AGREES = "agrees"
+    DISAGREES = "disagrees"
+    ERROR = "error"  # the scenario ended in an error (an op list that does not match its graph, say)
+    NOT_A_GRAPH_RACE = "not a graph race"  # a race the graph cannot show (`graph_shows_race`): not compared
+    NOT_CHECKED = "not checked"  # no graph could be read (no cuda-bindings): nothing to compare
+
+    @property
+    def ok(self) -> bool:
+        return self not in (GraphStatus.DISAGREES, GraphStatus.ERROR)
+
+
+@dataclass(frozen=True)
+class GraphVerdict:
+    """The graph check's own verdict on one scenario: race when it has findings, clean when none."""
+
+    expect: Expect
+    compared: bool  # the expectation is one the graph check must agree with
+    observed: Expect | None  # None: an error, or no graph read
+    findings: int = 0
+    error: str | None = None
+    unavailable: str | None = None  # why no graph could be read
+
+    @property
+    def status(self) -> GraphStatus:
+        if self.error is not None:
+            return GraphStatus.ERROR
+        if self.observed is None:
+            return GraphStatus.NOT_CHECKED
+        if not self.compared:
+            return GraphStatus.NOT_A_GRAPH_RACE
+        return GraphStatus.AGREES if self.observed is self.expect else GraphStatus.DISAGREES
+
+    def describe(self) -> str:
+        """'race', 'clean', 'error' or 'not checked'."""
+        if self.error is not None:
+            return "error"
+        return self.observed.value if self.observed is not None else "not checked"
+
+
+def decide_graph(scenario: Scenario, graph: GraphCheck | None, error: str | None = None) -> GraphVerdict:
+    """The graph verdict of a scenario that ran up to its graph check (`run_scenario(counted=False)`).
+    A recorded op list that does not match its graph is the scenario's error (GraphMismatch)."""
+    compared = scenario.expect is Expect.CLEAN or graph_shows_race(scenario)
+    if error is not None or graph is None:
+        return GraphVerdict(scenario.expect, compared, None, error=error or "no graph check ran")
+    if graph.unavailable is not None and not graph.graphs:
+        return GraphVerdict(scenario.expect, compared, None, unavailable=graph.unavailable)
+    observed = Expect.RACE if graph.findings else Expect.CLEAN
+    return GraphVerdict(scenario.expect, compared, observed, len(graph.findings))
