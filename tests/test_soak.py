@@ -96,11 +96,11 @@ def fail_on_call(n: int, error, monkeypatch) -> None:
     """The n-th scenario the soak runs raises error(scenario) instead."""
     calls = []
 
-    def run_one(s, dev, replays, timeout_s, until=None, _run=session.run_one):
+    def run_one(s, dev, replays, timeout_s, until=None, counted=True, _run=session.run_one):
         calls.append(s)
         if len(calls) == n:
             raise error(s)
-        return _run(s, dev, replays, timeout_s, until)
+        return _run(s, dev, replays, timeout_s, until, counted)
 
     monkeypatch.setattr(session, "run_one", run_one)
 

@@ -174,24 +174,10 @@ def confidence_text(r: ScenarioResult) -> str:
             f"< {r.until.width:g}); the verdict stands on the replays made")
 
 
-def skip_lines(skipped: list[Scenario], device: str) -> list[str]:
-    """The scenarios a device skips, one line per file and device list: "12 of scenarios/natural.toml:
-    they run only on cuda (devices = ["cuda"]), not on sim"."""
-    groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
-    for s in skipped:
-        groups.setdefault((s.source, s.devices or ()), []).append(s.name)
-    lines = []
-    for (source, devices), names in groups.items():
-        listed = ", ".join(f'"{d}"' for d in devices)
-        lines.append(f"{len(names)} of {source}: they run only on {' / '.join(devices)} "
-                     f"(devices = [{listed}]), not on {device}")
-    return lines
-
-
 def _run_all(scenarios: list[Scenario], dev: Device, args: argparse.Namespace,
              status: Callable[[ScenarioResult], str] | None = None) -> _Run:
     """Run each scenario, one line each; `status(result)` overrides the ok / FAIL column."""
-    from harness.frontends.console import RunConsole
+    from harness.frontends.console import RunConsole, skip_lines
 
     skipped = [s for s in scenarios if not s.runs_on(dev.name)]
     run = _Run([s for s in scenarios if s.runs_on(dev.name)], RunConsole(),

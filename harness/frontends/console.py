@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from harness.records.scenario import Scenario
     from harness.run.pipeline import ScenarioResult
 
 NAME_WIDTH = 34  # the plain line's scenario column; a run with a longer name widens it
@@ -207,3 +208,17 @@ def results_table(results: Sequence[ScenarioResult]):
             rate(r.replays_per_s),
         )
     return table
+
+
+def skip_lines(skipped: list[Scenario], device: str) -> list[str]:
+    """The scenarios a device skips, one line per file and device list: "12 of scenarios/natural.toml:
+    they run only on cuda (devices = ["cuda"]), not on sim"."""
+    groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for s in skipped:
+        groups.setdefault((s.source, s.devices or ()), []).append(s.name)
+    lines = []
+    for (source, devices), names in groups.items():
+        listed = ", ".join(f'"{d}"' for d in devices)
+        lines.append(f"{len(names)} of {source}: they run only on {' / '.join(devices)} "
+                     f"(devices = [{listed}]), not on {device}")
+    return lines

@@ -43,7 +43,7 @@ def count_line(counts: Counter) -> str:
 
 def cmd_graph_check(args: argparse.Namespace) -> int:
     from harness.devices import open_device
-    from harness.frontends.cli import skip_lines
+    from harness.frontends.console import skip_lines
     from harness.frontends.session import run_scenarios, write_partial
     from harness.report.results import build_results, graph_check_entry, write_atomic, write_results
     from harness.report.summary import render_graph_check
