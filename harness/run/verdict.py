@@ -20,11 +20,10 @@ a correct variant must have no graph finding whatever its backend.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from harness.records.graph import GraphCheck
-from harness.records.scenario import Backend, Evidence, Expect, Hazard, Scenario
+from harness.records.scenario import Backend, Evidence, Expect, Hazard, NamedEnum, Scenario
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ def graph_shows_race(scenario: Scenario) -> bool:
     return scenario.backend is Backend.FULL and scenario.hazard in (Hazard.RAW, Hazard.WAW)
 
 
-class GraphStatus(str, enum.Enum):
+class GraphStatus(NamedEnum):
     """How a scenario's graph check compares with its expectation."""
 
     AGREES = "agrees"
