@@ -56,6 +56,7 @@ def test_the_tiny_pair_agrees_with_no_counted_replay(tmp_path, capsys, counted):
     assert (fenced["status"], fenced["graph"], fenced["findings"]) == ("agrees", "clean", 0)
     doc = json.loads((out / "results.json").read_text())
     assert [s["replays"] for s in doc["scenarios"]] == [0, 0]
+    assert doc["summary"]["met"] == 2  # the graph check's agreement, as the exit code counts it
     assert doc["scenarios"][0]["graph"]["findings"]  # the findings themselves, as run writes them
     printed = capsys.readouterr().out
     assert "2 scenarios: 2 agrees" in printed
@@ -120,6 +121,9 @@ def test_the_kill_matrix_agrees_on_the_simulator(tmp_path, counted):
     assert (twin["status"], twin["graph"], twin["findings"]) == ("agrees", "clean", 0)
     assert entries["mutant.write_after_read"]["status"] == "not a graph race"
     assert not [n for n, e in entries.items() if e["status"] not in ("agrees", "not a graph race")]
+    doc = json.loads((out / "results.json").read_text())
+    # Data-evidence races are unmet with nothing counted; the summary counts the graph's agreement.
+    assert doc["summary"]["met"] == len(entries) > sum(s["met"] for s in doc["scenarios"])
 
 
 def test_which_races_a_graph_can_show():
