@@ -344,6 +344,28 @@ def test_each_kernel_call_is_planned_once_and_replayed_with_the_same_copies(laye
     assert 0 < planned <= 2 * s.model.num_layers  # one per distinct call: per layer (and pool group)
 
 
+@pytest.mark.parametrize("layers", ["MMMM", "AMAM"])
+def test_the_hybrid_kernel_issues_each_calls_pages_as_one_batch(layers, monkeypatch):
+    # sglang-kernel 0.4.9's page-first kernel enqueues a call's page copies with one
+    # cudaMemcpyBatchAsync; a copy a page from Python would hold the host far longer than it does.
+    from harness.engines.sglang_hybrid_load import HybridLoad
+
+    batches: list[int] = []
+    original = SimDevice.copy_batch_async
+
+    def spy(self, copies):
+        batches.append(len(copies))
+        original(self, copies)
+
+    monkeypatch.setattr(SimDevice, "copy_batch_async", spy)
+    calls: dict[str, int] = {}
+    _spy(monkeypatch, calls, HybridLoad, "transfer_kv_per_layer_direct_pf_lf")
+    r = run_scenario(_execute(layers), SimDevice(), replays=2)
+    assert r.error is None, r.error
+    assert len(batches) == calls["HybridLoad.transfer_kv_per_layer_direct_pf_lf"] > 0
+    assert all(n > 0 for n in batches) and max(batches) > 1  # a call's pages in one batch
+
+
 @pytest.mark.parametrize("layers", ["AAAA", "AMAM"])
 def test_the_engines_host_pools_are_destroyed_when_their_chain_is_dropped(layers, monkeypatch):
     import gc

@@ -316,6 +316,13 @@ class Device(abc.ABC):
         """Host-to-device copy on the current stream; `region` names what it writes, `source` the
         host memory it reads where the host may rewrite that memory (a staging buffer)."""
 
+    def copy_batch_async(self, copies: Sequence[tuple[torch.Tensor, torch.Tensor, Region, Region | None]]) -> None:
+        """Host-to-device copies (destination, source, region written, host rows read) enqueued as
+        one batch on the current stream, where the device has a batched copy (CUDA's
+        `cudaMemcpyBatchAsync`): the host enqueues them in one call. Here, one `copy_async` each."""
+        for dst, src, region, source in copies:
+            self.copy_async(dst, src, region, source)
+
     @abc.abstractmethod
     def copy_to_host(self, dst: torch.Tensor, src: torch.Tensor, src_region: Region, dst_region: Region) -> None:
         """Device-to-host copy (a write-back) on the current stream into host memory from

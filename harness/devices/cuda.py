@@ -20,6 +20,7 @@ import torch
 from harness.devices import nvml
 from harness.devices.base import Device, Event, Flags, Gate, Graph, Stream, _Capture, _Stream, collector_paused
 from harness.devices.cuda_graph import GraphReader
+from harness.devices.memcpy_batch import MemcpyBatch
 from harness.records.errors import (
     DeviceUnavailable,
     FlagUnavailable,
@@ -301,6 +302,9 @@ class CudaDevice(Device):
         self._events: weakref.WeakSet[CudaEvent] = weakref.WeakSet()  # to name a graph node's event
         self._flag_sets: weakref.WeakSet[CudaFlags] = weakref.WeakSet()  # to name a value node's flag
         self._reader: GraphReader | None = None
+        self._batch = MemcpyBatch.load(index)  # batched H2D copies, where the driver has them (12.8+)
+        # A batch's pointers and sizes by the identity of the sequence (kept, so the id stays its).
+        self._batches: dict[int, tuple[object, tuple[list[int], list[int], list[int]] | None]] = {}
         self._frontiers: list[tuple[int, ...]] | None = None  # while capturing a graph that can be read
         self.cycles_per_us = self._calibrate_sleep()
         # Timeline markers are timed against this one event (device time, any stream).
@@ -345,6 +349,45 @@ class CudaDevice(Device):
         self._note(Copy(stream.id, region, src.numel() * src.element_size(), (dst, src), source))
         with self._timed_if(stream, SpanKind.COPY, f"H2D {region}"):
             dst.copy_(src, non_blocking=True)
+
+    def copy_batch_async(self, copies: Sequence[tuple[torch.Tensor, torch.Tensor, Region, Region | None]]) -> None:
+        """One `cudaMemcpyBatchAsync` where the driver has it (12.8+) and every piece is contiguous,
+        as sgl_kernel's page-first kernel issues its page copies; else one copy each, as it falls
+        back. Never under capture: the driver has no graph node for a batched copy."""
+        batch = self._batch
+        args = None if batch is None or not copies or torch.cuda.is_current_stream_capturing() else (
+            self._batch_args(copies))
+        stream = self.current_stream()
+        if batch is None or args is None or not stream.raw.cuda_stream:  # the call rejects the legacy stream
+            super().copy_batch_async(copies)
+            return
+        dsts, srcs, sizes = args
+        if not self.recording:
+            if not batch.copy(dsts, srcs, sizes, stream.raw.cuda_stream):
+                super().copy_batch_async(copies)
+            return
+        for (d, s, region, source), size in zip(copies, sizes, strict=True):
+            self._note(Copy(stream.id, region, size, (d, s), source))
+        with self._timed_if(stream, SpanKind.COPY, f"H2D batch of {len(copies)} from {copies[0][2]}"):
+            if not batch.copy(dsts, srcs, sizes, stream.raw.cuda_stream):
+                for d, s, _, _ in copies:
+                    d.copy_(s, non_blocking=True)
+
+    def _batch_args(self, copies: Sequence[tuple[torch.Tensor, torch.Tensor, Region, Region | None]]
+                    ) -> tuple[list[int], list[int], list[int]] | None:
+        """The pointers and sizes of a batch (None: a piece is not contiguous, so it cannot be one
+        pointer copy), built once per batch the caller keeps (an engine kernel's plan is the same
+        every load op): the compiled kernel spends no host time on them beyond pointer arithmetic,
+        so neither may this."""
+        found = self._batches.get(id(copies))
+        if found is None or found[0] is not copies:
+            if len(self._batches) > 1024:
+                self._batches.clear()
+            whole = all(d.is_contiguous() and s.is_contiguous() for d, s, _, _ in copies)
+            found = self._batches[id(copies)] = (copies, (
+                [d.data_ptr() for d, _, _, _ in copies], [s.data_ptr() for _, s, _, _ in copies],
+                [s.numel() * s.element_size() for _, s, _, _ in copies]) if whole else None)
+        return found[1]
 
     def copy_to_host(self, dst: torch.Tensor, src: torch.Tensor, src_region: Region, dst_region: Region) -> None:
         # Into pinned memory (empty_host), so non_blocking is truly asynchronous to the host.

@@ -164,7 +164,8 @@ class HybridLoad(ChainLoad):
         page, on the current stream; with the fault applied."""
         self._issue(KERNEL, self._planned(
             src_ptrs, dst_ptrs, src_indices, dst_indices, layer_id, page_size,
-            build=lambda src, dst: self._plan(src_ptrs, dst_ptrs, src.tolist(), dst.tolist(), layer_id, page_size)))
+            build=lambda src, dst: self._plan(src_ptrs, dst_ptrs, src.tolist(), dst.tolist(), layer_id, page_size)),
+            batched=True)  # the compiled kernel's pages go in one cudaMemcpyBatchAsync (CUDA 12.8+)
 
     def _plan(self, src_ptrs: list[torch.Tensor], dst_ptrs: list[torch.Tensor], src: list[int], dst: list[int],
               layer_id: int, page_size: int) -> Plan:

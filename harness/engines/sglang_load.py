@@ -130,12 +130,16 @@ class ChainLoad:
             plan = self._plans[key] = build(src, dst)
         return plan
 
-    def _issue(self, kernel: str, plan: Plan) -> None:
-        """A planned kernel call: the fault where its layer begins, then its copies on the current stream."""
+    def _issue(self, kernel: str, plan: Plan, *, batched: bool = False) -> None:
+        """A planned kernel call: the fault where its layer begins, then its copies on the current
+        stream, one call each or (`batched`, as a kernel that issues `cudaMemcpyBatchAsync`) one batch."""
         layer, copies = plan
         self._begin(kernel, layer)
-        for d, s, region, source in copies:
-            self.dev.copy_async(d, s, region, source)
+        if batched:
+            self.dev.copy_batch_async(copies)
+        else:
+            for d, s, region, source in copies:
+                self.dev.copy_async(d, s, region, source)
         self.copies += len(copies)
 
     def _install_kernel(self, module: Any, name: str, method: Callable[..., None]) -> None:

@@ -63,6 +63,11 @@ class FlagUnavailable(HarnessError):
     """Value waits (`Device.Flags`) cannot be built on this device: install cuda-bindings."""
 
 
+class CopyFailed(HarnessError):
+    """A batched host-to-device copy (`cudaMemcpyBatchAsync`) failed with an error other than
+    "unsupported" (which falls back to one copy at a time): that scenario's error."""
+
+
 class GateTimeout(HarnessError):
     """A gate stayed shut past its timeout; its watchdog opened it."""
 
