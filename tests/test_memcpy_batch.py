@@ -72,6 +72,9 @@ def test_no_batch_below_the_driver_that_has_it_or_without_the_call():
     assert MemcpyBatch.load(0, Runtime(driver=MIN_DRIVER - 10)) is None
     assert MemcpyBatch.load(0, Runtime(driver=MIN_DRIVER)) is not None
     assert MemcpyBatch.load(0, SimpleNamespace(cudaError_t=Err)) is None  # bindings without the call
+    odd = SimpleNamespace(cudaError_t=Err, cudaMemcpyBatchAsync=None, cudaDriverGetVersion=lambda: (Err.cudaSuccess,
+                                                                                                    MIN_DRIVER))
+    assert MemcpyBatch.load(0, odd) is None  # no attribute types: bindings of another shape
 
 
 def test_the_base_device_copies_a_batch_one_at_a_time_in_order():

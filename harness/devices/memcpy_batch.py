@@ -48,10 +48,13 @@ class MemcpyBatch:
             runtime = bindings
         if not hasattr(runtime, "cudaMemcpyBatchAsync"):
             return None
-        err, version = runtime.cudaDriverGetVersion()
-        if err != runtime.cudaError_t.cudaSuccess or version < MIN_DRIVER:
+        try:
+            err, version = runtime.cudaDriverGetVersion()
+            if err != runtime.cudaError_t.cudaSuccess or version < MIN_DRIVER:
+                return None
+            return cls(runtime, device_index)
+        except (AttributeError, RuntimeError, TypeError):  # bindings of another shape: copy a page at a time
             return None
-        return cls(runtime, device_index)
 
     def copy(self, dsts: Sequence[int], srcs: Sequence[int], sizes: Sequence[int], stream: int) -> bool:
         """Enqueue the copies on `stream` (a raw handle); False where the call is unsupported (nothing
