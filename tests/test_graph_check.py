@@ -407,6 +407,46 @@ def test_a_batch_mem_op_node_maps_to_a_value_node_only_when_it_is_one(ops, kind,
     assert (n.id, n.kind, n.flags, n.value) == (3, kind, flags, value)
 
 
+def _filled_params(count, listed=()):
+    """Node parameters as `cuGraphBatchMemOpNodeGetParams` fills them: the C struct in memory, its
+    array of `count` unions, and (as cuda-bindings gives it) a `paramArray` listing `listed` only."""
+    import ctypes
+    from types import SimpleNamespace
+
+    from harness.devices.cuda_graph import MEM_OP_PARAMS_BYTES, _BatchMemOpNodeParams
+
+    array = (ctypes.c_uint8 * (MEM_OP_PARAMS_BYTES * max(count, 1)))()
+    struct = _BatchMemOpNodeParams(None, count, ctypes.addressof(array) if count else None, 0)
+    keep = (array, struct)
+    return SimpleNamespace(count=count, paramArray=list(listed), getPtr=lambda: ctypes.addressof(struct),
+                           keep=keep), ctypes.addressof(array)
+
+
+class _Bindings:
+    """The one constructor `param_array` calls: wraps memory in place (`_ptr`), as cuda-bindings does."""
+
+    @staticmethod
+    def CUstreamBatchMemOpParams(_ptr):  # noqa: N802
+        return ("wrapped", _ptr)
+
+
+def test_a_filled_in_node_s_operations_are_read_from_its_own_memory():
+    # cuda-bindings lists no operations for a struct the driver filled in: read them in place.
+    from harness.devices.cuda_graph import MEM_OP_PARAMS_BYTES, param_array
+
+    params, array = _filled_params(3)
+    assert param_array(_Bindings, params) == [("wrapped", array + k * MEM_OP_PARAMS_BYTES) for k in range(3)]
+
+
+def test_operations_the_bindings_list_are_taken_as_listed():
+    from harness.devices.cuda_graph import param_array
+
+    params, _ = _filled_params(2, listed=["a", "b"])
+    assert param_array(_Bindings, params) == ["a", "b"]
+    empty, _ = _filled_params(0)
+    assert param_array(_Bindings, empty) == []
+
+
 # ---- the pipeline on the simulator: value waits, their mutants, the captured load op ----------
 
 

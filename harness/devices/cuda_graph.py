@@ -25,6 +25,7 @@ results are read by what they hold (the first list, the last count), not by posi
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -116,7 +117,7 @@ class GraphReader:
         cu = self.cu
         (params,) = self._ok(cu.cuGraphBatchMemOpNodeGetParams(node), "cuGraphBatchMemOpNodeGetParams")
         try:
-            ops = [decode_mem_op(cu, p) for p in list(params.paramArray)[:int(params.count)]]
+            ops = [decode_mem_op(cu, p) for p in param_array(cu, params)]
         except (AttributeError, TypeError, ValueError) as e:  # bindings that decode it otherwise
             return GraphNode(i, NodeKind.MEM_OP, f"batch mem-op node the bindings could not decode: {e}")
         return mem_op_node(i, ops, flags)
@@ -149,6 +150,34 @@ class GraphReader:
 
 # One stream memory operation: (operation, device address, value, flags), the driver's enums as names.
 MemOp = tuple[str, int, int, str]
+
+
+class _BatchMemOpNodeParams(ctypes.Structure):
+    """The C layout of `CUDA_BATCH_MEM_OP_NODE_PARAMS` (`cuda.h`), to find its operations' array."""
+
+    _fields_ = [("ctx", ctypes.c_void_p), ("count", ctypes.c_uint), ("paramArray", ctypes.c_void_p),
+                ("flags", ctypes.c_uint)]
+
+
+# sizeof(CUstreamBatchMemOpParams): a union padded to six 64-bit words (`cuuint64_t pad[6]`).
+MEM_OP_PARAMS_BYTES = 48
+
+
+def param_array(cu: Any, params: Any) -> list[Any]:
+    """The operations of a batch mem-op node's parameters.
+
+    cuda-bindings lists `paramArray` only for a struct whose array was set from Python; for the one
+    `cuGraphBatchMemOpNodeGetParams` fills in, the list is empty whatever `count` says (seen with
+    13.3.1 on an H200: every captured value wait read as an empty batch). So the array is found
+    through the struct's own memory (`getPtr`, the C layout) and each element wrapped in place."""
+    count = int(params.count)
+    listed = list(params.paramArray)
+    if len(listed) == count:
+        return listed
+    array = _BatchMemOpNodeParams.from_address(int(params.getPtr())).paramArray
+    if not array:
+        raise ValueError(f"a batch of {count} operations with no array")
+    return [cu.CUstreamBatchMemOpParams(_ptr=array + k * MEM_OP_PARAMS_BYTES) for k in range(count)]
 
 
 def decode_mem_op(cu: Any, p: Any) -> MemOp:
