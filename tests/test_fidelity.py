@@ -73,7 +73,20 @@ def test_the_verdicts_come_from_a_gpu_and_cover_every_scenario():
                      f"regenerates tests/data/gpu_verdicts.json): {', '.join(missing)}")
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=[e["name"] for e in ENTRIES])
+# Disagreements found and not yet fixed in the model, each with its cause; strict, so a fix that
+# makes one agree fails here until its entry goes.
+KNOWN = {
+    "staging-single_staging": (
+        "the harness's final-state probe is ordered against nothing the staging hazard's next-batch load "
+        "writes into the same Mamba slots: ground truth collects it after that load has landed, a replay's "
+        "look whenever the forward stream reaches it (on the H200, at 350c9ce, before that load landed in "
+        "55 of 60 replays; on the simulator after it)"),
+}
+
+
+@pytest.mark.parametrize("entry", [
+    pytest.param(e, marks=pytest.mark.xfail(strict=True, reason=KNOWN[e["name"]])) if e["name"] in KNOWN else e
+    for e in ENTRIES], ids=[e["name"] for e in ENTRIES])
 def test_simulator_agrees_with_the_gpu(entry):
     scenario = SCENARIOS[entry["name"]]
     # The GPU ran this very scenario, not an older version of it.
