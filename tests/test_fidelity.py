@@ -77,10 +77,12 @@ def test_the_verdicts_come_from_a_gpu_and_cover_every_scenario():
 # makes one agree fails here until its entry goes.
 KNOWN = {
     "staging-single_staging": (
-        "the harness's final-state probe is ordered against nothing the staging hazard's next-batch load "
-        "writes into the same Mamba slots: ground truth collects it after that load has landed, a replay's "
-        "look whenever the forward stream reaches it (on the H200, at 350c9ce, before that load landed in "
-        "55 of 60 replays; on the simulator after it)"),
+        "the final-state probe: stale in 55 of 60 replays on the H200 at 350c9ce (0 of 60 in the file "
+        "before), in none on the simulator. The look joins every stream, so it reads the slots after the "
+        "hazard's next-batch load; the likely cause is that load copying from the single staging buffer "
+        "after the next replay's host refill of it (the hazard itself, seen in the final state), now that "
+        "the host runs further ahead (verdicts built while the next batch runs), where the simulator's "
+        "host-time model puts the refill after that copy"),
 }
 
 
