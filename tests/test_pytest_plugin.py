@@ -96,6 +96,12 @@ def test_scenarios_pass_and_a_missed_expectation_fails_with_its_verdict(pytester
     assert (pytester.path / "out" / "report.html").is_file()
 
 
+def _junit_properties(path):
+    """Each JUnit test case's properties, by case name."""
+    return {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")}
+            for c in ET.parse(path).iter("testcase")}
+
+
 def test_kill_matrix_items_pass_on_the_matrix_terms_and_the_report_gets_the_matrix(pytester, tiny):
     # race.toml as a kill matrix: the unfenced mutant is killed, the fenced variant clean.
     # The same fenced scenario called a mutant survives, and its item fails.
@@ -115,8 +121,7 @@ def test_kill_matrix_items_pass_on_the_matrix_terms_and_the_report_gets_the_matr
         "tiny-killed": ("mutant", "killed"), "tiny-survivor": ("mutant", "survived")}
     assert "**Kill matrix**: 2/3 mutants killed, 1/1 correct variants clean" in (
         pytester.path / "out" / "summary.md").read_text()
-    cases = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")}
-             for c in ET.parse(pytester.path / "junit.xml").iter("testcase")}
+    cases = _junit_properties(pytester.path / "junit.xml")
     assert cases["tiny-survivor"]["kill_matrix"] == "survived"
 
 
@@ -137,8 +142,7 @@ def test_replays_override_and_junit_properties(pytester, tiny):
     result = run(pytester, "--harness-scenarios", "race.toml", "--harness-replays", "3",
                  "--harness-report", "out", "--junitxml", "junit.xml")
     result.assert_outcomes(passed=2)
-    cases = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")}
-             for c in ET.parse(pytester.path / "junit.xml").iter("testcase")}
+    cases = _junit_properties(pytester.path / "junit.xml")
     race = cases["tiny-full-none"]
     assert race["expected"] == race["observed"] == "race"
     assert race["stale_rate"] == "1.0000" and race["stale_layers"] == "0,1"
@@ -154,8 +158,7 @@ def test_junit_names_the_graph_findings_and_the_fenced_twin_has_none(pytester, t
     result = run(pytester, "--harness-scenarios", "race.toml", "--harness-replays", "3",
                  "--harness-report", "out", "--junitxml", "junit.xml")
     result.assert_outcomes(passed=2)
-    cases = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")}
-             for c in ET.parse(pytester.path / "junit.xml").iter("testcase")}
+    cases = _junit_properties(pytester.path / "junit.xml")
     doc = {s["name"]: s for s in json.loads((pytester.path / "out" / "results.json").read_text())["scenarios"]}
     race = cases["tiny-full-none"]
     sentences = doc["tiny-full-none"]["graph"]["findings"]
