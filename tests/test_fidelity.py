@@ -75,15 +75,7 @@ def test_the_verdicts_come_from_a_gpu_and_cover_every_scenario():
 
 # Disagreements found and not yet fixed in the model, each with its cause; strict, so a fix that
 # makes one agree fails here until its entry goes.
-KNOWN = {
-    "staging-single_staging": (
-        "the final-state probe: stale in 55 of 60 replays on the H200 at 350c9ce (0 of 60 in the file "
-        "before), in none on the simulator. The look joins every stream, so it reads the slots after the "
-        "hazard's next-batch load; the likely cause is that load copying from the single staging buffer "
-        "after the next replay's host refill of it (the hazard itself, seen in the final state), now that "
-        "the host runs further ahead (verdicts built while the next batch runs), where the simulator's "
-        "host-time model puts the refill after that copy"),
-}
+KNOWN: dict[str, str] = {}  # name -> why the simulator and the GPU disagree (a strict expected failure)
 
 
 @pytest.mark.parametrize("entry", [
