@@ -64,12 +64,12 @@ def test_an_eager_race_is_seen_as_pytorchs_sanitizer_sees_it():
     assert s.races == []
 
 
-@pytest.mark.xfail(reason="the fixture's teardown segfaulted in the first H200 run (torch 2.11); "
-                          "the context manager is unaffected", strict=False)
+@pytest.mark.xfail(reason="in one process after the value-wait graph tests, a sanitizer's watch segfaulted on an "
+                          "H200 (torch 2.11), and not with the cycle collector off; the watch now collects garbage "
+                          "before it starts, and the mark goes once the fixture passes in-process on a GPU",
+                   strict=False)
 def test_the_fixture(pytester, monkeypatch):
-    # In its own process, so that a crash fails this test and not the whole GPU session. The first
-    # H200 run crashed at the fixture's teardown; the teardown has been reordered since (CudaWatch.stop),
-    # and the mark goes once the fixture passes in-process on a GPU.
+    # In its own process, so that a crash fails this test and not the whole GPU session.
     pytester.makepyfile(test_fix="""
         from harness.examples.h2d_graph_race import run
 
