@@ -29,16 +29,18 @@ def add_command(subparsers) -> None:
 
 def _line(entry: dict, width: int) -> str:
     """One scenario: status, name, expected, graph verdict, findings, op list, nodes (and an error)."""
-    nodes = "+".join(str(n) for n in entry["nodes"]) or "-"
+    from harness.report.summary import nodes_text
+
     why = entry["error"] or entry["unavailable"]
     return (f"  {entry['status']:16s} {entry['name']:{width}s} expected {entry['expect']:5s}  "
             f"graph {entry['graph']:11s} findings {entry['findings']:3d}  op list {entry['op_list']:8s} "
-            f"nodes {nodes}" + (f"  ({why})" if why else ""))
+            f"nodes {nodes_text(entry['nodes'])}" + (f"  ({why})" if why else ""))
 
 
 def count_line(counts: Counter) -> str:
-    parts = ", ".join(f"{n} {status}" for status, n in counts.items())
-    return f"{sum(counts.values())} scenarios: {parts or 'none run'}"
+    from harness.report.summary import status_counts
+
+    return f"{sum(counts.values())} scenarios: {status_counts(counts) or 'none run'}"
 
 
 def cmd_graph_check(args: argparse.Namespace) -> int:
@@ -55,7 +57,8 @@ def cmd_graph_check(args: argparse.Namespace) -> int:
     dev = open_device(args.device, args.sim_costs)
     device = dev.describe()
     runs = [s for s in scenarios if s.runs_on(dev.name)]
-    skipped = [{"name": s.name, "why": s.skip_reason(dev.name)} for s in scenarios if not s.runs_on(dev.name)]
+    not_here = [s for s in scenarios if not s.runs_on(dev.name)]
+    skipped = [{"name": s.name, "why": s.skip_reason(dev.name)} for s in not_here]
     width = max((len(s.name) for s in runs), default=0)
     results: list[ScenarioResult] = []
     entries: list[dict] = []
@@ -63,7 +66,7 @@ def cmd_graph_check(args: argparse.Namespace) -> int:
 
     def begin() -> None:
         print(f"graph-check on {dev.name}: {len(runs)} scenarios, no counted replay")
-        for line in skip_lines([s for s in scenarios if not s.runs_on(dev.name)], dev.name):
+        for line in skip_lines(not_here, dev.name):
             print(f"  skipped: {line}")
 
     def done(r: ScenarioResult) -> None:

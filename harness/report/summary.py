@@ -45,8 +45,7 @@ def _contents(doc: dict) -> list[str]:
     if doc.get("partial"):
         parts.append(f"PARTIAL run, {stopped_text(doc)}")
     if doc.get("graph_check"):  # graph-check ran no counted replay: its verdicts are the graph's
-        counts = doc["graph_check"]["counts"]
-        parts.append(", ".join(f"{n} {status}" for status, n in counts.items()))
+        parts.append(status_counts(doc["graph_check"]["counts"]))
     elif doc["scenarios"]:
         parts.append(f"{s['met']}/{s['scenarios']} met")
     if s.get("errors"):
@@ -476,10 +475,20 @@ GRAPH_CHECK_CAPTION = ("each scenario's captured graphs checked by their own nod
 GRAPH_CHECK_HEADER = ["scenario", "expected", "graph verdict", "graph findings", "op list", "nodes", "status"]
 
 
+def status_counts(counts: dict[str, int]) -> str:
+    """A graph-check's scenarios by status: "73 agrees, 11 not a graph race"."""
+    return ", ".join(f"{n} {status}" for status, n in counts.items())
+
+
+def nodes_text(nodes: list[int]) -> str:
+    """A scenario's replayed graphs by their node counts: "14+27+19", or "-" with none."""
+    return "+".join(str(n) for n in nodes) or "-"
+
+
 def graph_check_rows(doc: dict) -> list[list]:
     """`fence-harness graph-check`: one row per scenario (its printed line holds the same)."""
-    return [[c["name"], c["expect"], c["graph"], c["findings"], c["op_list"],
-             "+".join(str(n) for n in c["nodes"]) or "-", c["status"] + (f": {c['error']}" if c["error"] else "")]
+    return [[c["name"], c["expect"], c["graph"], c["findings"], c["op_list"], nodes_text(c["nodes"]),
+             c["status"] + (f": {c['error']}" if c["error"] else "")]
             for c in doc["graph_check"]["scenarios"]]
 
 

@@ -288,12 +288,7 @@ class Oracle:
         """Device-side work over the first `rows` rows of a batch of unit masks ([batch, mask_width]):
         each group's count (into `counts_out`, flat int64 of `counts_size(batch)`: per piece, a
         [batch, groups] block) and the masks packed into bits (`bits_out`, [batch, mask_width / 8])."""
-        batch = masks.shape[0]
-        blocks, at = [], 0
-        for p in self._pieces:
-            n = p.groups.stop - p.groups.start
-            blocks.append((p, counts_out[at:at + batch * n].view(batch, n)))
-            at += batch * n
+        blocks = self._blocks(counts_out, masks.shape[0])
 
         def count(rows: int) -> None:
             for p, block in blocks:
@@ -305,12 +300,16 @@ class Oracle:
 
     def counts_of(self, flat: torch.Tensor, batch: int, rows: int) -> torch.Tensor:
         """Host-side: the group counts ([rows, groups], in group order) from `counter`'s flat buffer."""
-        parts, at = [], 0
+        return torch.cat([block[:rows] for _, block in self._blocks(flat, batch)], dim=1)
+
+    def _blocks(self, flat: torch.Tensor, batch: int) -> list[tuple[_Piece, torch.Tensor]]:
+        """The flat count buffer's layout, in one place: per piece, a [batch, its groups] block."""
+        blocks, at = [], 0
         for p in self._pieces:
             n = p.groups.stop - p.groups.start
-            parts.append(flat[at:at + batch * n].view(batch, n)[:rows])
+            blocks.append((p, flat[at:at + batch * n].view(batch, n)))
             at += batch * n
-        return torch.cat(parts, dim=1)
+        return blocks
 
     # ---- the kernels and their bytes --------------------------------------------------------
     def look_passes(self) -> list[Pass]:
