@@ -56,6 +56,17 @@ def test_a_wait_on_a_created_external_event_is_a_wait_node_on_that_event(cuda):
     assert all(waits[0].id in model.ancestors[n] for n in span)
 
 
+def test_a_graph_read_many_times_does_not_crash_the_process(cuda):
+    # Naming each kernel node with the driver's cuFuncGetName failed for every node and segfaulted
+    # the process within a thousand calls; the reader no longer asks, so a thousand kernel nodes read
+    # in one process are safe.
+    graph, _ = _capture(cuda, created=True)
+    for _ in range(500):
+        graph._model = None  # read from the driver again
+        names = [n.name for n in graph.model().nodes if n.kind is NodeKind.KERNEL]
+    assert len(names) == 2, names
+
+
 def test_a_wait_on_an_event_never_recorded_leaves_no_wait_node(cuda):
     graph, _ = _capture(cuda, created=False)
     model = graph.model()

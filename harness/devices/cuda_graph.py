@@ -9,9 +9,13 @@ the check needs, and it needs a 13.1 driver for its tools ids; so it is not used
   handles. The device takes it before every captured op and once at the end, and
   `harness.records.graph.spans_from_frontiers` turns those into the nodes of each op.
 - `read(...)`: nodes (`cudaGraphGetNodes`, `cudaGraphNodeGetType`), events of wait and record
-  nodes (`cudaGraphEventWaitNodeGetEvent`, `cudaGraphEventRecordNodeGetEvent`), kernel names
-  (the driver's `cuGraphKernelNodeGetParams` and `cuFuncGetName`), and edges
+  nodes (`cudaGraphEventWaitNodeGetEvent`, `cudaGraphEventRecordNodeGetEvent`), and edges
   (`cudaGraphGetEdges`), into a `harness.records.graph.GraphModel`.
+- kernel nodes are named "kernel", not by their function: on an H200 (driver 580.159.04,
+  cuda-bindings 13.3.1) the driver's `cuFuncGetName` answered CUDA_ERROR_INVALID_HANDLE for the
+  function of every kernel node torch captures, and a thousand such calls segfaulted the
+  process, through cuda-bindings and through ctypes alike. The check needs a node's kind and its
+  edges, never its name.
 - stream memory operations (`cuStreamWaitValue32` / `cuStreamWriteValue32` captured: a batch
   mem-op node, which only the driver's API knows): `cuGraphBatchMemOpNodeGetParams` gives its
   operations; a single GEQ wait or 32-bit writes of one value, on addresses that are the
@@ -108,8 +112,6 @@ class GraphReader:
             (event,) = self._ok(get(handle), "cudaGraph*NodeGetEvent")
             raw = int(event)
             return GraphNode(i, kind, f"{kind.value} 0x{raw:x}", events.get(raw))
-        if kind is NodeKind.KERNEL:
-            return GraphNode(i, kind, self._kernel_name(handle))
         return GraphNode(i, kind, kind.value if kind is not NodeKind.OTHER else str(raw_kind))
 
     def _mem_op(self, i: int, node: Any, flags: Mapping[int, int]) -> GraphNode:
@@ -121,20 +123,6 @@ class GraphReader:
         except (AttributeError, TypeError, ValueError) as e:  # bindings that decode it otherwise
             return GraphNode(i, NodeKind.MEM_OP, f"batch mem-op node the bindings could not decode: {e}")
         return mem_op_node(i, ops, flags)
-
-    def _kernel_name(self, handle: Any) -> str:
-        """The kernel's function name, as torch's get_graph_data reads it; "kernel" where the driver cannot say."""
-        cu = self.cu
-        try:
-            err, params = cu.cuGraphKernelNodeGetParams(cu.CUgraphNode(init_value=int(handle)))
-            if int(err) != 0 or not int(params.func):
-                return "kernel"
-            err, name = cu.cuFuncGetName(cu.CUfunction(init_value=int(params.func)))
-            if int(err) != 0:
-                return "kernel"
-            return name.decode() if isinstance(name, bytes) else str(name)
-        except (AttributeError, TypeError):  # bindings without cuFuncGetName
-            return "kernel"
 
     def _edges(self, graph: int, index: Mapping[int, int]) -> tuple[tuple[int, int], ...]:
         rt = self.rt

@@ -83,7 +83,7 @@ class NodeKind(str, enum.Enum):
 class GraphNode:
     id: int  # unique within its graph
     kind: NodeKind
-    name: str = ""  # a kernel's function name; what a simulated node stands for
+    name: str = ""  # what a simulated node stands for; a kernel read from the driver: "kernel" (see cuda_graph)
     event: EventId | None = None  # wait and record nodes: the harness's id of the event (None: not one of its own)
     # Value-wait and value-write nodes: the harness's ids of the flags (a wait: one; () where the
     # address is not one of the harness's flags) and the value waited for or written.
