@@ -64,9 +64,9 @@ def test_an_eager_race_is_seen_as_pytorchs_sanitizer_sees_it():
     assert s.races == []
 
 
-@pytest.mark.xfail(reason="in one process after the value-wait graph tests, a sanitizer's watch segfaulted on an "
-                          "H200 (torch 2.11), and not with the cycle collector off; the watch now collects garbage "
-                          "before it starts, and the mark goes once the fixture passes in-process on a GPU",
+@pytest.mark.xfail(reason="on an H200 (torch 2.11) this subprocess run of the fixture fails, alone too, for a reason "
+                          "not yet seen (run it with --runxfail); and one process running the value-wait graph "
+                          "tests and then the sanitizer's segfaults inside CPython (see the README)",
                    strict=False)
 def test_the_fixture(pytester, monkeypatch):
     # In its own process, so that a crash fails this test and not the whole GPU session.
@@ -81,7 +81,10 @@ def test_the_fixture(pytester, monkeypatch):
     """)
     monkeypatch.setenv("PYTHONPATH", str(Path(harness.__file__).resolve().parent.parent))  # this checkout's
     result = pytester.runpytest_subprocess("-p", "harness.frontends.pytest_plugin", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1, errors=1)
+    try:
+        result.assert_outcomes(passed=1, errors=1)
+    except AssertionError as e:  # the subprocess's own words, not only its counts
+        raise AssertionError(f"{e}\n{result.stdout.str()[-4000:]}\n{result.stderr.str()[-2000:]}") from None
     result.stdout.fnmatch_lines(["*ERROR at teardown of test_unfenced*", "*read-after-write race*"])
 
 

@@ -23,7 +23,6 @@ this module.
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import sys
@@ -295,12 +294,6 @@ class CudaWatch:
     def start(self) -> None:
         if _watching:
             raise SanitizerError("a harness.sanitizer is already watching: one at a time")
-        # Garbage from before the watch is freed before it, not under it. On an H200 one process
-        # running the value-wait graph tests and then tests/test_sanitizer_gpu.py segfaulted inside
-        # a watch, every time. The garbage those tests leave (CUDA graphs, events, tensors in
-        # cycles) freed cleanly when collected with no watch on, and with the collector off the
-        # sanitizer's tests passed after them.
-        gc.collect()
         _install_trace()
         self._patch()
         _watching.append(self)
