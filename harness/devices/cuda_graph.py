@@ -12,10 +12,11 @@ the check needs, and it needs a 13.1 driver for its tools ids; so it is not used
   nodes (`cudaGraphEventWaitNodeGetEvent`, `cudaGraphEventRecordNodeGetEvent`), and edges
   (`cudaGraphGetEdges`), into a `harness.records.graph.GraphModel`.
 - kernel nodes are named "kernel", not by their function: on an H200 (driver 580.159.04,
-  cuda-bindings 13.3.1) the driver's `cuFuncGetName` answered CUDA_ERROR_INVALID_HANDLE for the
-  function of every kernel node torch captures, and a thousand such calls segfaulted the
-  process, through cuda-bindings and through ctypes alike. The check needs a node's kind and its
-  edges, never its name.
+  cuda-bindings 13.3.1) the driver's `cuFuncGetName` named some (the index-copy kernels of every
+  finding of a `make gpu-test`) but answered CUDA_ERROR_INVALID_HANDLE for others (an in-place
+  add's), and a thousand such failing calls segfaulted the process, through cuda-bindings and
+  through ctypes alike. The check needs a node's kind and its edges, never its name; a finding
+  loses only the kernel's name, until a way to ask that cannot fail so is checked on a GPU.
 - stream memory operations (`cuStreamWaitValue32` / `cuStreamWriteValue32` captured: a batch
   mem-op node, which only the driver's API knows): `cuGraphBatchMemOpNodeGetParams` gives its
   operations; a single GEQ wait or 32-bit writes of one value, on addresses that are the

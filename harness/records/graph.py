@@ -235,7 +235,7 @@ class GraphFinding:
     kind: RaceKind  # read-after-write (the node reads) or write-after-write (it writes)
     graph: GraphId
     node: int
-    kernel: str  # the node's kernel name (the driver's), or what a simulated node stands for
+    kernel: str  # what a simulated node stands for; "kernel" for a node read from the driver
     step: str  # the captured op it belongs to (the model's step)
     access_region: Region
     copy_region: Region
