@@ -601,6 +601,11 @@ class GraphCheck:
         return not any(g.mismatches for g in self.graphs)
 
     @property
+    def read_none(self) -> bool:
+        """No graph could be read (`unavailable` says why): nothing was checked."""
+        return self.unavailable is not None and not self.graphs
+
+    @property
     def mismatches(self) -> list[str]:
         return [m for g in self.graphs for m in g.mismatches]
 

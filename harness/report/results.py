@@ -158,7 +158,7 @@ def op_list_state(g: GraphCheck | None) -> str:
     """Whether the recorded op list matched the graphs: matched, differs, not read, or "-" (no check ran)."""
     if g is None:
         return "-"
-    if g.unavailable is not None and not g.graphs:
+    if g.read_none:
         return "not read"
     return "matched" if g.matched else "differs"
 

@@ -134,7 +134,7 @@ def decide_graph(scenario: Scenario, graph: GraphCheck | None, error: str | None
     compared = scenario.expect is Expect.CLEAN or graph_shows_race(scenario)
     if error is not None or graph is None:
         return GraphVerdict(scenario.expect, compared, None, error=error or "no graph check ran")
-    if graph.unavailable is not None and not graph.graphs:
+    if graph.read_none:
         return GraphVerdict(scenario.expect, compared, None, unavailable=graph.unavailable)
     observed = Expect.RACE if graph.findings else Expect.CLEAN
     return GraphVerdict(scenario.expect, compared, observed, len(graph.findings))
