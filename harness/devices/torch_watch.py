@@ -14,7 +14,7 @@ Three taps, as PyTorch's CUDA sanitizer (`torch/cuda/_sanitizer.py`) has them, a
   registries only while a watch watches, and forward to whichever model is watching.
 - patches held only while watching: `CUDAGraph.capture_begin`, `capture_end`, `replay`
   (torch tells the trace nothing of graphs), `Event.query` (a query that says done is a
-  host observation, as a synchronize is) and `Event.__new__` (which events are external).
+  host observation, as a synchronize is) and `Event.__init__` (which events are external).
 
 Spans are byte ranges from the tensor's pointer, shape and strides (a strided view is
 taken as its whole extent). Stacks are short: the innermost frames outside torch and
@@ -27,7 +27,6 @@ import os
 import re
 import sys
 import threading
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -188,10 +187,16 @@ class OpWatch(TorchDispatchMode):
 
 _watching: list[CudaWatch] = []
 # Every dispatch mode a watch has used, kept for the life of the process, as PyTorch's sanitizer
-# keeps its one mode (`torch.cuda._sanitizer.cuda_sanitizer`): torch's C++ holds modes it has
-# been given by plain pointers in places (a pop once freed a mode the stack alone owned), so the
-# last reference to one is never dropped here. Each is off every stack and holds no model.
+# keeps its one mode (`torch.cuda._sanitizer.cuda_sanitizer`). Each is off every stack and holds
+# no model. (torch 2.11's stack reads, pops and pushes keep a mode's reference count, measured on
+# an H200: keeping them is caution, not a fix of a seen fault.)
 _retired: list[OpWatch] = []
+
+# The mark on a `torch.cuda.Event` made with `external=True` while a watch watched (its CUDA event
+# exists only from its first record, so the flag waits on the Python object until then). A mark, not
+# a set of the events: a `WeakSet` of them crashed the process on an H200 (README, "The sanitizer's
+# in-process crash, found"), so the watch keeps no reference to an event, weak or strong.
+_EXTERNAL = "_harness_sanitizer_external"
 
 # (registry, the forwarder it calls) per GPU-trace callback: on the registries while a watch
 # watches, off them after. The trace itself cannot be turned off once on.
@@ -288,7 +293,6 @@ class CudaWatch:
                            space_of=space_of)
         self.stack_depth = stack_depth
         self._saved: list[tuple[type, str, Any]] = []
-        self._external: weakref.WeakSet = weakref.WeakSet()
         self._thread: int | None = None
 
     def start(self) -> None:
@@ -400,21 +404,23 @@ class CudaWatch:
                 return done
             return wrapped
 
-        def new(old):
-            make = old.__func__ if isinstance(old, staticmethod) else old
+        def init(old):
+            # torch makes an event in `__new__`; its `__init__` is object's, which refuses arguments
+            # once a class overrides it, so only an `__init__` of torch's own would be called on.
+            inherited = old is object.__init__
 
-            def wrapped(cls, enable_timing=False, blocking=False, interprocess=False, external=False):
-                ev = make(cls, enable_timing=enable_timing, blocking=blocking, interprocess=interprocess,
-                          external=external)
+            def wrapped(event, enable_timing=False, blocking=False, interprocess=False, external=False):
+                if not inherited:
+                    old(event, enable_timing=enable_timing, blocking=blocking, interprocess=interprocess,
+                        external=external)
                 if external:
-                    watch._external.add(ev)
-                return ev
-            return staticmethod(wrapped)
+                    setattr(event, _EXTERNAL, True)
+            return wrapped
 
         def record(old):
             def wrapped(event, *a, **kw):
                 out = old(event, *a, **kw)
-                if event in watch._external:  # created at its first record: say what it is now
+                if getattr(event, _EXTERNAL, False):  # created at its first record: say what it is now
                     watch.on_external_record(event.cuda_event)
                 return out
             return wrapped
@@ -424,5 +430,5 @@ class CudaWatch:
         self._swap(graph_cls, "capture_end", capture_end)
         self._swap(graph_cls, "replay", replay)
         self._swap(event_cls, "query", query)
-        self._swap(event_cls, "__new__", new)
+        self._swap(event_cls, "__init__", init)
         self._swap(event_cls, "record", record)
