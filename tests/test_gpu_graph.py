@@ -57,9 +57,9 @@ def test_a_wait_on_a_created_external_event_is_a_wait_node_on_that_event(cuda):
 
 
 def test_a_graph_read_many_times_does_not_crash_the_process(cuda):
-    # Naming each kernel node with the driver's cuFuncGetName failed for every node and segfaulted
-    # the process within a thousand calls; the reader no longer asks, so a thousand kernel nodes read
-    # in one process are safe.
+    # The driver's cuFuncGetName answered invalid-handle for some kernels (an in-place add first
+    # launched in a capture) and a thousand such calls segfaulted the process; the reader no longer
+    # asks, so reading a thousand kernel nodes in one process is safe.
     graph, _ = _capture(cuda, created=True)
     for _ in range(500):
         graph._model = None  # read from the driver again
