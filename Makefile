@@ -8,7 +8,8 @@
 # make gpu-test  GPU tests + every default scenario as a test item + the mutant kill matrix, on a
 #                runner that already has torch (no install step)
 # make bench     fence strategies: correctness on every race scenario, then their cost; then how fast
-#                the harness checks replays against the device time of what it checks
+#                the harness checks replays against the device time of what it checks; then what
+#                harness.sanitizer costs per replay (GPU only)
 # make gpu-verdicts  on a GPU runner: the GPU's verdicts that the simulator's fidelity test compares
 
 VENV      ?= .venv
@@ -105,6 +106,7 @@ bench:
 	PYTHONPATH=. $(PYTHON) -m harness fences --device auto --out $(REPORTS)/fences
 	PYTHONPATH=. $(PYTHON) -m harness bench --device auto --out $(REPORTS)/bench
 	PYTHONPATH=. $(PYTHON) -m harness checking --device auto --out $(REPORTS)/checking
+	PYTHONPATH=. $(PYTHON) -m harness.examples.sanitizer_cost --out $(REPORTS)/sanitizer
 else
 bench: $(VENV)/.installed
 	$(VPY) -m harness fences --device auto --replays 5 --out $(REPORTS)/fences

@@ -22,6 +22,10 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.records.scenario import Scenario
 
 EXAMPLE_FENCES = ("none", "wait_stream", "event", "in_graph")
 SCENARIOS = [f"{m}-full-{f}" for m in ("attention", "mamba", "hybrid") for f in ("none", "final_event")]
@@ -41,6 +45,18 @@ class Case:
 CASES = [Case(f"example:{f}") for f in EXAMPLE_FENCES] + [Case(n) for n in SCENARIOS]
 
 
+def scenario_named(name: str) -> Scenario:
+    """A default-set scenario by name; `<model>-full-layerwise_graph` is the final-event one with
+    per-layer external waits captured in the graph instead."""
+    from harness.run.scenario_file import default_files, load_files
+
+    scenarios = {s.name: s for s in load_files(default_files())}
+    if name not in scenarios and name.endswith("layerwise_graph"):
+        base = scenarios[name.replace("layerwise_graph", "final_event")]
+        return base.with_overrides(name=name, fence="layerwise_graph")
+    return scenarios[name]
+
+
 def _run(case: Case, replays: int, example_replays: int) -> int:
     """Run the case once; its stale replays."""
     if case.name.startswith("example:"):
@@ -49,14 +65,8 @@ def _run(case: Case, replays: int, example_replays: int) -> int:
         return run(case.name.split(":", 1)[1], example_replays)
     from harness.devices.cuda import CudaDevice
     from harness.run.pipeline import run_scenario
-    from harness.run.scenario_file import default_files, load_files
 
-    scenarios = {s.name: s for s in load_files(default_files())}
-    name = case.name
-    if name not in scenarios and name.endswith("layerwise_graph"):
-        base = scenarios[name.replace("layerwise_graph", "final_event")]
-        scenarios[name] = base.with_overrides(name=name, fence="layerwise_graph")
-    result = run_scenario(scenarios[name], CudaDevice(), replays=replays)
+    result = run_scenario(scenario_named(case.name), CudaDevice(), replays=replays)
     if result.error:
         raise RuntimeError(result.error)
     return result.tally.stale_replays
