@@ -63,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.one:
         print(json.dumps(_one(args.one[0], args.one[1] == "on", args.replays)))
         return 0
-    rows, disagree = [], 0
+    # Each row prints as soon as its case is done, so a run cut short keeps the rows it has.
+    print("| scenario | accessor waits | harness stale | analyser findings | sanitizer | agree |")
+    print("| --- | --- | --- | --- | --- | --- |", flush=True)
+    disagree = 0
     for name, waits in CASES:
         proc = subprocess.run(
             [sys.executable, "-m", "harness.frontends.sanitizer_check", "--replays", str(args.replays),
@@ -73,16 +76,13 @@ def main(argv: list[str] | None = None) -> int:
         if proc.returncode:
             print(f"{name} waits={waits}: failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
             return 2
-        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    print("| scenario | accessor waits | harness stale | analyser findings | sanitizer | agree |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for r in rows:
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
         sees = r["backend"] != "full"  # the sanitizer cannot see into a graph replay
         agree = (r["findings"] > 0) == r["sanitizer_flags"]
         disagree += sees and not agree
         verdict = "flags" if r["sanitizer_flags"] else "silent"
         print(f"| {r['name']} | {'on' if r['waits'] else 'off'} | {r['stale']} | {r['findings']} | {verdict} "
-              f"| {'yes' if agree else ('no' if sees else 'no (cannot see replays)')} |")
+              f"| {'yes' if agree else ('no' if sees else 'no (cannot see replays)')} |", flush=True)
     return 1 if disagree else 0
 
 
