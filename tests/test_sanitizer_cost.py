@@ -69,3 +69,12 @@ def test_with_no_gpu_it_says_so_and_succeeds(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert sanitizer_cost.main(["--out", str(tmp_path)]) == 0
     assert "no CUDA device" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("arg", ["--rounds", "--replays", "--example-replays"])
+def test_a_count_that_is_not_positive_is_one_line_and_exit_two(arg, capsys):
+    with pytest.raises(SystemExit) as e:
+        sanitizer_cost.main([arg, "0"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert arg in err and "expected a positive integer, got 0" in err

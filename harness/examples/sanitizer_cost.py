@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from harness.examples.sanitizer_compare import Case
+from harness.frontends.cli_args import positive_int
 from harness.run.benchmark import Spread
 
 EXAMPLE_CASES = ("example:none", "example:event")
@@ -59,7 +61,7 @@ class Cost:
     def of(cls, case: str, replays: int, rounds: list[tuple[Sample, Sample]]) -> Cost:
         plain = [p for p, _ in rounds]
         under = [s for _, s in rounds]
-        return cls(case, case.endswith("none"), replays,
+        return cls(case, Case(case).racy, replays,
                    Spread.of([p.ms_per_replay for p in plain]), Spread.of([s.ms_per_replay for s in under]),
                    Spread.of([s.ms_per_replay / p.ms_per_replay for p, s in rounds if p.ms_per_replay > 0]),
                    tuple(s.races or 0 for s in under), tuple(p.stale for p in plain))
@@ -154,9 +156,9 @@ def _scenario(name: str, replays: int) -> Callable[[bool], Sample]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.examples.sanitizer_cost", description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=5, help="pairs of runs (plain, sanitized) per case")
-    p.add_argument("--replays", type=int, default=30, help="replays per run of a scenario")
-    p.add_argument("--example-replays", type=int, default=50, help="replays per run of the example")
+    p.add_argument("--rounds", type=positive_int, default=5, help="pairs of runs (plain, sanitized) per case")
+    p.add_argument("--replays", type=positive_int, default=30, help="replays per run of a scenario")
+    p.add_argument("--example-replays", type=positive_int, default=50, help="replays per run of the example")
     p.add_argument("--out", default="reports/sanitizer", help="folder for results.json and table.md")
     args = p.parse_args(argv)
     import torch
