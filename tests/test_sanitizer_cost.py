@@ -78,3 +78,29 @@ def test_a_count_that_is_not_positive_is_one_line_and_exit_two(arg, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert arg in err and "expected a positive integer, got 0" in err
+
+
+def test_a_sanitized_run_is_timed_inside_the_watch_and_carries_its_races(monkeypatch):
+    import contextlib
+
+    import harness.frontends.sanitizer as frontend
+
+    inside: list[bool] = []
+    watching = [False]
+
+    @contextlib.contextmanager
+    def fake_sanitize():
+        watching[0] = True
+        yield type("S", (), {"races": ["a", "b"]})()
+        watching[0] = False
+
+    monkeypatch.setattr(frontend, "sanitize", fake_sanitize)
+
+    def timed() -> Sample:
+        inside.append(watching[0])
+        return Sample(2.0, 1)
+
+    once = sanitizer_cost._plain_and_sanitized(timed)
+    assert once(False) == Sample(2.0, 1, None)
+    assert once(True) == Sample(2.0, 1, 2)
+    assert inside == [False, True]

@@ -24,7 +24,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from harness.examples.sanitizer_compare import Case
@@ -108,50 +108,49 @@ def measure_rounds(run: Callable[[bool], Sample], rounds: int) -> list[tuple[Sam
 # ---------------------------------------------------------------- on CUDA
 
 
-def _example(fence: str, replays: int) -> Callable[[bool], Sample]:
-    import torch
-
-    from harness.examples.h2d_graph_race import run
+def _plain_and_sanitized(timed: Callable[[], Sample]) -> Callable[[bool], Sample]:
+    """`timed` run plain, or under `sanitize()` with the races it reported."""
     from harness.frontends.sanitizer import sanitize
-
-    def once(sanitized: bool) -> Sample:
-        span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        if not sanitized:
-            stale = run(fence, replays, span=span)
-            torch.cuda.synchronize()
-            return Sample(span[0].elapsed_time(span[1]) / replays, stale)
-        with sanitize() as s:
-            stale = run(fence, replays, span=span)
-        torch.cuda.synchronize()
-        return Sample(span[0].elapsed_time(span[1]) / replays, stale, len(s.races))
-
-    return once
-
-
-def _scenario(name: str, replays: int) -> Callable[[bool], Sample]:
-    from harness.devices.cuda import CudaDevice
-    from harness.examples.sanitizer_compare import scenario_named
-    from harness.frontends.sanitizer import sanitize
-    from harness.run.checking import checked_replayer, checked_run
-
-    scenario = scenario_named(name)
-
-    def timed() -> Sample:
-        dev = CudaDevice()
-        run = checked_run(checked_replayer(dev, scenario), replays)
-        t = run.times
-        # The device's span over the checked replays: each one's marks, plus the idle between them.
-        span_ms = t.poison_ms + t.load_replay_ms + t.look_ms + t.idle_ms
-        return Sample(span_ms / max(1, t.replays), run.tally.stale_replays)
 
     def once(sanitized: bool) -> Sample:
         if not sanitized:
             return timed()
         with sanitize() as s:
             got = timed()
-        return Sample(got.ms_per_replay, got.stale, len(s.races))
+        return replace(got, races=len(s.races))
 
     return once
+
+
+def _example(fence: str, replays: int) -> Callable[[bool], Sample]:
+    import torch
+
+    from harness.examples.h2d_graph_race import run
+
+    def timed() -> Sample:
+        span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        stale = run(fence, replays, span=span)
+        torch.cuda.synchronize()
+        return Sample(span[0].elapsed_time(span[1]) / replays, stale)
+
+    return _plain_and_sanitized(timed)
+
+
+def _scenario(name: str, replays: int) -> Callable[[bool], Sample]:
+    from harness.devices.cuda import CudaDevice
+    from harness.examples.sanitizer_compare import scenario_named
+    from harness.run.checking import checked_replayer, checked_run
+
+    scenario = scenario_named(name)
+
+    def timed() -> Sample:
+        run = checked_run(checked_replayer(CudaDevice(), scenario), replays)
+        t = run.times
+        # The device's span over the checked replays: each one's marks, plus the idle between them.
+        span_ms = t.poison_ms + t.load_replay_ms + t.look_ms + t.idle_ms
+        return Sample(span_ms / max(1, t.replays), run.tally.stale_replays)
+
+    return _plain_and_sanitized(timed)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -324,20 +324,20 @@ class _Observer:
     def read(self, rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The first `rows` rows (group counts, and the unit masks' bits when a replay was stale), on
         the host; after `finish` and a synchronize. The next batch starts at row 0."""
-        # Read on the forward stream, where `_restart` then zeroes the cursor (a view of the header):
-        # PyTorch's CUDA sanitizer takes a blocking copy's synchronisation before the copy itself,
-        # so a read on another stream followed by that write is a race to it, though the host
-        # waited for the read. On one stream, it and `harness.sanitizer` see the same order.
+        # Both reads on the forward stream, where `_restart` then zeroes the cursor (a view of the
+        # header) and the next batch's count writes the bits: PyTorch's CUDA sanitizer takes a
+        # blocking copy's synchronisation before the copy itself, so a read on another stream followed
+        # by those writes is a race to it, though the host waited for the read. On one stream, it and
+        # `harness.sanitizer` see the same order.
         with self.tb.dev.stream(self.tb.forward):
             header = self.header.to("cpu", copy=True)
-        written = int(header[0])
-        if not rows == self.rows == written:
-            raise RuntimeError(f"a batch of {rows} replays enqueued {self.rows} looks that wrote {written} rows: "
-                               "its verdicts would not be each replay's own")
-        counts = self.oracle.counts_of(header[1:], self.batch, rows)
-        # A copy, also where the device's memory is the host's (the simulator): a verdict keeps its
-        # bits for `slots`, and the next batch writes these rows again.
-        with self.tb.dev.stream(self.tb.forward):  # as the header: the next batch's looks write them there
+            written = int(header[0])
+            if not rows == self.rows == written:
+                raise RuntimeError(f"a batch of {rows} replays enqueued {self.rows} looks that wrote {written} "
+                                   "rows: its verdicts would not be each replay's own")
+            counts = self.oracle.counts_of(header[1:], self.batch, rows)
+            # A copy, also where the device's memory is the host's (the simulator): a verdict keeps its
+            # bits for `slots`, and the next batch writes these rows again.
             bits = self.bits[:rows].to("cpu", copy=True) if counts.any() else None
         self._restart()
         return counts, bits
