@@ -106,7 +106,7 @@ bench:
 	PYTHONPATH=. $(PYTHON) -m harness fences --device auto --out $(REPORTS)/fences
 	PYTHONPATH=. $(PYTHON) -m harness bench --device auto --out $(REPORTS)/bench
 	PYTHONPATH=. $(PYTHON) -m harness checking --device auto --out $(REPORTS)/checking
-	PYTHONPATH=. $(PYTHON) -m harness.examples.sanitizer_cost --out $(REPORTS)/sanitizer
+	PYTHONPATH=. $(PYTHON) -m harness sanitizer cost --out $(REPORTS)/sanitizer
 else
 bench: $(VENV)/.installed
 	$(VPY) -m harness fences --device auto --replays 5 --out $(REPORTS)/fences

@@ -6,7 +6,8 @@ import functools
 
 import pytest
 
-from harness.records.analysis import Finding, RaceKind, find_races
+from harness.checkers.happens_before import Finding, find_races
+from harness.records.races import RaceKind
 from harness.records.trace import (
     Copy,
     Delay,
@@ -166,7 +167,7 @@ KINDS = ("attention", "mamba", "hybrid")
 
 @functools.cache
 def _scenarios():
-    from harness.run.scenario_file import default_files, load_files
+    from harness.input.scenario_file import default_files, load_files
 
     return {s.name: s for s in load_files(default_files())}
 

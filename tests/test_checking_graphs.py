@@ -20,9 +20,9 @@ from harness.model.stack import ProbeSet
 from harness.protocol.layout import plan_layout
 from harness.records.scenario import Backend, DType, Expect, Fault, ModelShape, Request, Scenario, Tolerance
 from harness.records.trace import Kernel, Replay
-from harness.run.checking import checked_replayer
 from harness.run.oracle import Oracle, _not_within
 from harness.run.replay import Replayer, Stopwatch
+from harness.studies.checking_speed import checked_replayer
 
 SHAPE = ModelShape(layers="AMAM", hidden=64, heads=2, kv_heads=1, head_dim=32, state=4)
 

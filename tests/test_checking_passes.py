@@ -18,8 +18,8 @@ from harness.devices.sim import SimDevice
 from harness.model.arena import arena_layout
 from harness.protocol.layout import plan_layout
 from harness.records.scenario import DType, ModelShape, Request, Tolerance
-from harness.run.checking import attention, checked_replayer, tiny_hybrid
 from harness.run.oracle import MASK_ALIGN, Oracle, mask_width, pack_bits, unpack_bits
+from harness.studies.checking_speed import attention, checked_replayer, tiny_hybrid
 
 ATTENTION = ModelShape(layers="AAA", hidden=256, heads=2, kv_heads=2, head_dim=128, state=16)
 HYBRID = ModelShape(layers="AMAM", hidden=16, heads=2, kv_heads=1, head_dim=8, state=4, conv=3, expand=2,

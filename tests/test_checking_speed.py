@@ -6,7 +6,7 @@ import json
 import math
 
 from harness.frontends.cli import main
-from harness.run.checking import CheckingPoint, attention, default_shapes
+from harness.studies.checking_speed import CheckingPoint, attention, default_shapes
 
 
 def test_overhead_is_the_checked_time_past_the_device_time_as_a_fraction_of_it():

@@ -124,7 +124,7 @@ REPORT_FILES = {"results.json", "summary.md", "report.html"}
 
 
 def test_fences_writes_the_report_next_to_its_results(tmp_path, monkeypatch, capsys):
-    from harness.run.scenario_file import parse_text
+    from harness.input.scenario_file import parse_text
 
     race = next(s for s in parse_text(TINY, "tiny.toml") if s.fence == "none")
     monkeypatch.setattr("harness.frontends.fence_commands.race_scenarios", lambda: [race])
@@ -135,7 +135,7 @@ def test_fences_writes_the_report_next_to_its_results(tmp_path, monkeypatch, cap
 
 
 def test_bench_writes_the_report_next_to_its_results(tmp_path, monkeypatch):
-    from harness.run import benchmark
+    from harness.studies import fence_cost as benchmark
 
     monkeypatch.setattr(benchmark, "DEFAULT_POINT", benchmark.Point("attention", 2, 64, 4))
     out = tmp_path / "bench"

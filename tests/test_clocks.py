@@ -1,6 +1,6 @@
 """Stream clocks on short record / wait / sync stories with fake stream ids."""
 
-from harness.records.clocks import StreamClocks
+from harness.checkers.clocks import StreamClocks
 
 LOAD, FWD, OTHER = 1, 2, 3
 

@@ -12,8 +12,8 @@ import pytest
 import harness.frontends.console
 from harness.devices import open_device
 from harness.frontends.console import NAME_WIDTH, RunConsole, plain_line, rate, results_table
+from harness.input.scenario_file import parse_text
 from harness.run.pipeline import ScenarioResult, run_scenario
-from harness.run.scenario_file import parse_text
 
 # The plugin tests' scenarios, the fenced one expecting a race: one line of each kind.
 TINY = (Path(__file__).parent / "data" / "tiny_attention.toml").read_text().replace(

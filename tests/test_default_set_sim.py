@@ -3,8 +3,8 @@
 import pytest
 
 from harness.devices.sim import SimDevice
+from harness.input.scenario_file import default_files, load_files
 from harness.run.pipeline import run_scenario
-from harness.run.scenario_file import default_files, load_files
 
 # The scenarios the simulator runs: the natural set's serving shapes are for GPUs (devices = ["cuda"]).
 DEFAULT = [s for s in load_files(default_files()) if s.runs_on("sim")]

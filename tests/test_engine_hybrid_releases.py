@@ -31,7 +31,7 @@ from harness.devices.sim import SimDevice
 from harness.engines import sglang as adapter
 from harness.frontends.engine_matrix import FILES, SMALL
 from harness.run.pipeline import run_scenario
-from harness.run.scenario_file import load_file
+from harness.input.scenario_file import load_file
 
 eng = adapter.load()
 m = eng.modules

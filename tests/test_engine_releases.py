@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from harness.input.scenario_file import load_file
 from harness.records.errors import InputError
 from harness.records.releases import ReleaseExpectations
 from harness.records.scenario import Expect
-from harness.run.scenario_file import load_file
 
 RANGES = ReleaseExpectations.parse({"<0.5.23": "race", ">=0.5.23": "clean"})
 

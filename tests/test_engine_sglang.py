@@ -19,10 +19,10 @@ pytest.importorskip("sglang", reason="sglang is not installed here; `make test-e
 from harness.devices.sim import SimDevice  # noqa: E402
 from harness.engines import sglang as adapter  # noqa: E402
 from harness.frontends.cli import main  # noqa: E402
+from harness.input.scenario_file import SCENARIO_DIR, load_file  # noqa: E402
 from harness.records.scenario import Backend, Expect, FaultKind  # noqa: E402
 from harness.records.trace import Wait  # noqa: E402
 from harness.run.pipeline import run_scenario  # noqa: E402
-from harness.run.scenario_file import SCENARIO_DIR, load_file  # noqa: E402
 from harness.run.testbed import Testbed  # noqa: E402
 
 FILE = SCENARIO_DIR / "engine" / "sglang.toml"
@@ -452,7 +452,7 @@ def test_a_mamba_or_hybrid_load_op_is_the_engines_hybrid_chain_and_only_its_copy
 def test_the_engines_hybrid_host_pools_hold_the_harnesss_host_data_and_a_load_lands_it_in_the_pools(layers):
     import torch
 
-    from harness.records.faults import FaultPlan
+    from harness.faults.plan import FaultPlan
 
     b = Testbed(_execute(layers), SimDevice())
     el, host, layout = b.engine_load, b.host, b.layout
@@ -509,7 +509,7 @@ def test_a_prefix_of_part_of_a_page_is_an_error_of_the_hybrid_chain():
 def test_the_serving_shapes_are_unfaulted_8192_token_prefixes_loaded_through_the_engines_chain(layers, controller):
     import torch
 
-    from harness.records.faults import FaultPlan
+    from harness.faults.plan import FaultPlan
 
     (s,) = [s for s in load_file(SCENARIO_DIR / "engine" / "serving.toml") if s.model.layers == layers]
     assert (s.model.hidden, s.model.num_layers, s.fault.kind, s.fence) == (1024, 8, FaultKind.NONE, "engine_execute")

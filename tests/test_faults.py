@@ -1,18 +1,18 @@
-"""The fault injector's pure logic (`harness.records.faults`) and chunked copy plans."""
+"""The fault injector's pure logic (`harness.faults.plan`) and chunked copy plans."""
 
 from __future__ import annotations
 
 import pytest
 
 from harness.devices.sim import SimDevice
-from harness.protocol.loadback import plan_copies
-from harness.records.faults import (
+from harness.faults.plan import (
     GATE_FALLBACK_US,
     FaultPlan,
     gate_fallback,
     jitter_us,
     sweep_points,
 )
+from harness.protocol.loadback import plan_copies
 from harness.records.scenario import (
     Backend,
     DelayWhere,

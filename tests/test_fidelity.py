@@ -24,12 +24,12 @@ from pathlib import Path
 import pytest
 
 from harness.devices.sim import SimDevice
+from harness.input.scenario_file import SCENARIO_DIR, load_files
 from harness.records.plain import as_plain
 from harness.records.scenario import FaultKind
 from harness.report.compare import record_key, sentence_key
 from harness.report.results import finding_record
 from harness.run.pipeline import run_scenario
-from harness.run.scenario_file import SCENARIO_DIR, load_files
 
 ROOT = Path(__file__).resolve().parent.parent
 VERDICTS = json.loads((ROOT / "tests" / "data" / "gpu_verdicts.json").read_text())

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from harness.input.scenario_file import default_files, load_files
 from harness.records.scenario import Backend, DelayWhere, Expect, Fault, FaultKind
 from harness.run.pipeline import run_scenario
-from harness.run.scenario_file import default_files, load_files
 
 pytestmark = pytest.mark.gpu
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness.records.graph import NodeKind, compare_record
+from harness.checkers.graph import compare_record
+from harness.input.scenario_file import SCENARIO_DIR, default_files, load_files
+from harness.records.graph_model import NodeKind
 from harness.records.scenario import Evidence
 from harness.records.trace import Kernel, Region, Wait
 from harness.run.pipeline import run_scenario
-from harness.run.scenario_file import SCENARIO_DIR, default_files, load_files
 
 pytestmark = pytest.mark.gpu
 

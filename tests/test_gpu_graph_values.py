@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.records.graph import NodeKind, compare_record
+from harness.checkers.graph import compare_record
+from harness.input.scenario_file import SCENARIO_DIR, load_files
+from harness.records.graph_model import NodeKind
 from harness.run.pipeline import run_scenario
-from harness.run.scenario_file import SCENARIO_DIR, load_files
 
 pytestmark = pytest.mark.gpu
 

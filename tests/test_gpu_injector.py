@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from harness.input.scenario_file import SCENARIO_DIR, default_files, load_file, load_files
 from harness.protocol.loadback import plan_copies, stale_by_chunk
 from harness.records.scenario import Expect, Fault, FaultKind
 from harness.run.mutants import Role, classify, matrix_ok
 from harness.run.pipeline import run_scenario
-from harness.run.scenario_file import SCENARIO_DIR, default_files, load_file, load_files
 from harness.run.testbed import Testbed
 
 pytestmark = pytest.mark.gpu

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.devices.pressure import contention
+from harness.faults.contention import contention
+from harness.input.scenario_file import SCENARIO_DIR, load_file
 from harness.records.rates import Rate, exact_test
 from harness.records.scenario import Fault, FaultKind, Pressure, PressureProcess
 from harness.run.pipeline import run_scenario
-from harness.run.scenario_file import SCENARIO_DIR, load_file
 
 pytestmark = pytest.mark.gpu
 

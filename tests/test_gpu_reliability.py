@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.input.scenario_file import default_files, load_files
 from harness.records.scenario import (
     Backend,
     Expect,
@@ -14,7 +15,6 @@ from harness.records.scenario import (
     Scenario,
 )
 from harness.run.pipeline import run_scenario
-from harness.run.scenario_file import default_files, load_files
 
 pytestmark = pytest.mark.gpu
 

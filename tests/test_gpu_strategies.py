@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from harness.input.scenario_file import default_files, load_files
 from harness.protocol.fences import STRATEGIES
 from harness.records.scenario import Fault, FaultKind
 from harness.run.pipeline import run_scenario
-from harness.run.scenario_file import default_files, load_files
 
 pytestmark = pytest.mark.gpu
 

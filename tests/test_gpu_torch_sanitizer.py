@@ -1,6 +1,6 @@
 """PyTorch's CUDA sanitizer (`torch.cuda._sanitizer`) on the harness's own replay loop, on a GPU.
 
-The cross-checks against it (`harness.frontends.sanitizer_check`, `harness.examples.sanitizer_compare`)
+The cross-checks against it (`harness.studies.sanitizer_check`, `harness.studies.sanitizer_compare`)
 mean something only where the harness's own work is ordered in a way it understands: a report
 there on a fenced scenario would be the harness's, not the scenario's. Each case runs in a process
 of its own (the sanitizer cannot be turned off), through sanitizer_check's `--one`.
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 
 
 def flags(name: str, waits: bool) -> bool:
-    proc = subprocess.run([sys.executable, "-m", "harness.frontends.sanitizer_check", "--replays", "3",
+    proc = subprocess.run([sys.executable, "-m", "harness", "sanitizer", "check", "--replays", "3",
                            "--one", name, "on" if waits else "off"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])["sanitizer_flags"]

@@ -8,11 +8,11 @@ import time
 import pytest
 import torch
 
+from harness.input.scenario_file import SCENARIO_DIR, default_files, load_files
 from harness.protocol.fences import ARMED, LOADED
 from harness.records.scenario import Fault, FaultKind
 from harness.records.trace import Region
 from harness.run.pipeline import run_scenario
-from harness.run.scenario_file import SCENARIO_DIR, default_files, load_files
 
 pytestmark = pytest.mark.gpu
 

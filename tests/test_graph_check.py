@@ -7,23 +7,14 @@ import dataclasses
 
 import pytest
 
+from harness.checkers.graph import check_graphs, check_replays, compare_record
 from harness.devices.sim import SimDevice, SimGraph
-from harness.records.analysis import RaceKind
-from harness.records.graph import (
-    GraphModel,
-    GraphNode,
-    GraphSource,
-    NodeKind,
-    chain_model,
-    check_graphs,
-    check_replays,
-    compare_record,
-    spans_from_frontiers,
-)
+from harness.input.scenario_file import SCENARIO_DIR, load_files
+from harness.records.graph_model import GraphModel, GraphNode, GraphSource, NodeKind, chain_model, spans_from_frontiers
+from harness.records.races import RaceKind
 from harness.records.scenario import Evidence
 from harness.records.trace import Copy, FlagWait, FlagWrite, HostSync, Kernel, Record, Region, Replay, Trace, Wait
 from harness.run.pipeline import run_scenario
-from harness.run.scenario_file import SCENARIO_DIR, load_files
 
 LOAD, FWD, CAP = 1, 2, 9
 GRAPH = 50

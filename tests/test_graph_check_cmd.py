@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from harness.checkers.graph import GraphCheck, GraphSummary
 from harness.frontends.cli import main
-from harness.records.graph import GraphCheck, GraphSummary
+from harness.input.scenario_file import SCENARIO_DIR, load_files
 from harness.records.scenario import Backend, Expect, Hazard
 from harness.report.schema import load
 from harness.run import pipeline
 from harness.run.replay import Replayer
-from harness.run.scenario_file import SCENARIO_DIR, load_files
 from harness.run.verdict import GraphStatus, decide_graph, graph_shows_race
 
 ROOT = Path(__file__).resolve().parent.parent

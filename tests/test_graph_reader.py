@@ -11,7 +11,7 @@ import pytest
 
 from harness.devices import cuda_graph
 from harness.devices.cuda_graph import GraphReader
-from harness.records.graph import NodeKind
+from harness.records.graph_model import NodeKind
 
 OK = 0
 

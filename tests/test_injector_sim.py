@@ -7,8 +7,9 @@ import json
 
 from harness.devices.sim import SimDevice
 from harness.frontends.cli import main
+from harness.input.scenario_file import SCENARIO_DIR, load_file
 from harness.protocol.loadback import plan_copies, stale_by_chunk
-from harness.records.analysis import RaceKind
+from harness.records.races import RaceKind
 from harness.records.scenario import (
     Backend,
     Expect,
@@ -21,7 +22,6 @@ from harness.records.scenario import (
 )
 from harness.run.mutants import Outcome, Role, classify, matrix_ok
 from harness.run.pipeline import ScenarioResult, run_scenario
-from harness.run.scenario_file import SCENARIO_DIR, load_file
 from harness.run.testbed import Testbed
 
 HYBRID = ModelShape(layers="AMAM", hidden=64, heads=2, kv_heads=1, head_dim=32, state=4)

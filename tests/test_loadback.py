@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from harness.devices.sim import SimDevice
+from harness.faults.plan import FaultPlan
 from harness.protocol.accessors import kv_only, no_waits, per_layer
 from harness.protocol.layout import PageAllocator, plan_layout
 from harness.protocol.loadback import RING, LayerDoneCounter, SlotReusedEarly, plan_copies
 from harness.protocol.schedules import start_loading
-from harness.records.faults import FaultPlan
 from harness.records.scenario import (
     Backend,
     DelayWhere,

@@ -1,4 +1,4 @@
-"""The model's math against the float64 reference (`harness.model.reference`), on the sim."""
+"""The model's math against the float64 reference (`tests.support.reference`), on the sim."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import torch
 
 import harness.model.stack
 from harness.devices.sim import SimDevice
-from harness.model.reference import reference_for
 from harness.records.scenario import Backend, DType, Expect, ModelShape, Request, Scenario
 from harness.run.replay import ground_truth
 from harness.run.testbed import Testbed
+from tests.support.reference import reference_for
 
 BATCH = (Request(prefix=5, new=3), Request(prefix=2, new=6))
 FP32 = dict(rtol=1e-4, atol=1e-4)

@@ -13,7 +13,7 @@ import pytest
 # process (report tests on the same xdist worker).
 import harness.report.plots  # noqa: F401
 from harness.frontends.cli import main
-from harness.run.scenario_file import SCENARIO_DIR, load_file
+from harness.input.scenario_file import SCENARIO_DIR, load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 NATURAL = SCENARIO_DIR / "natural.toml"

@@ -9,11 +9,11 @@ import pytest
 
 from harness.devices.sim import SimDevice
 from harness.frontends.cli import main
+from harness.input.plugins import Kind, resolve
+from harness.input.scenario_file import parse_text
 from harness.protocol.fences import FENCES
 from harness.records.errors import InputError
 from harness.run.pipeline import run_scenario
-from harness.run.plugins import Kind, resolve
-from harness.run.scenario_file import parse_text
 
 EXAMPLE = "harness.examples.plugins"
 

@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
-import harness.devices.pressure as pressure_module
+import harness.faults.contention as pressure_module
 import harness.run.pipeline as pipeline
-from harness.devices.pressure import InProcess, OtherProcess, Quiet, Workload, contention
 from harness.devices.sim import SimDevice
+from harness.faults.contention import InProcess, OtherProcess, Quiet, Workload, contention
+from harness.input.scenario_file import parse_text
 from harness.records.errors import PressureError
 from harness.records.scenario import CopyDirection, Fault, FaultKind, Pressure, PressureProcess
 from harness.report.results import build_results
 from harness.report.schema import validate
 from harness.run.pipeline import run_scenario
-from harness.run.scenario_file import parse_text
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = (ROOT / "tests" / "data" / "tiny.toml").read_text()
@@ -230,7 +230,7 @@ def test_a_failed_start_ends_the_scenario_not_the_run(monkeypatch):
 def test_the_process_does_not_outlive_a_killed_parent():
     # A parent that starts the real process and is then SIGKILLed (no chance to stop it).
     code = ("import time, torch\n"
-            "from harness.devices.pressure import OtherProcess\n"
+            "from harness.faults.contention import OtherProcess\n"
             "from harness.records.scenario import Pressure\n"
             "p = OtherProcess(Pressure(gemm=128, copy_mib=1), device=torch.device('cpu'))\n"
             "p.ready(120)\n"

@@ -274,7 +274,7 @@ def test_a_bad_scenario_file_is_a_usage_error_with_the_harness_message(pytester)
 def test_fixtures_for_hand_written_race_tests(pytester, tiny):
     pytester.makepyfile(
         """
-        from harness.run.scenario_file import load_file
+        from harness.input.scenario_file import load_file
 
         RACE, FENCED = load_file("race.toml")
 

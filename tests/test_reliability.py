@@ -26,9 +26,9 @@ except ModuleNotFoundError:  # Python 3.10
 from harness.devices.sim import SimDevice
 from harness.frontends import cli
 from harness.frontends.cli import main
+from harness.input.scenario_file import load_files
 from harness.records.errors import InputError, ReplayTimeout
 from harness.run import pipeline, replay, testbed
-from harness.run.scenario_file import load_files
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD = ROOT / "tests" / "data" / "bad_scenarios"

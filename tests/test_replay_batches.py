@@ -106,7 +106,7 @@ def test_bf16_probes_are_compared_bit_for_bit_in_rows_of_any_width():
 
 
 def test_a_batchs_verdicts_are_handed_out_while_the_next_batch_runs(odd_skip):
-    from harness.run.checking import checked_replayer
+    from harness.studies.checking_speed import checked_replayer
 
     r = checked_replayer(SimDevice(), scenario(schedule=odd_skip))
     enqueued: list[int] = []
@@ -120,7 +120,7 @@ def test_a_batchs_verdicts_are_handed_out_while_the_next_batch_runs(odd_skip):
 
 
 def test_a_caller_that_stops_early_leaves_the_loop_at_row_zero(odd_skip):
-    from harness.run.checking import checked_replayer
+    from harness.studies.checking_speed import checked_replayer
 
     r = checked_replayer(SimDevice(), scenario(schedule=odd_skip))
     gen = r.replays(range(130), Fault())

@@ -14,7 +14,7 @@ import pytest
 
 from harness.devices.sim import SimDevice
 from harness.frontends.cli import main
-from harness.records.analysis import RaceKind
+from harness.records.races import RaceKind
 from harness.records.scenario import Backend, Evidence, Expect, Fault, FaultKind, Hazard, ModelShape, Request, Scenario
 from harness.run.pipeline import run_scenario
 from harness.run.replay import Replayer, ground_truth, open_gate

@@ -148,8 +148,8 @@ def test_the_statistics_pressure_and_skipped_sections_fit_too(tmp_path):
 def test_the_graph_check_fits_with_its_findings_open(tmp_path):
     # The long sample with a graph check on every scenario as the CUDA reader writes it: a driver's
     # kernel names, 32 steps, a long op-list mismatch, and every finding table unfolded.
-    from harness.records.analysis import RaceKind
-    from harness.records.graph import GraphCheck, GraphFinding
+    from harness.checkers.graph import GraphCheck, GraphFinding
+    from harness.records.races import RaceKind
     from harness.records.trace import Region
     from harness.report.results import graph_entry
 

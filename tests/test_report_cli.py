@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.frontends.report_commands import add_commands, append_step_summary, write_all
 from harness.records.errors import HarnessError
-from harness.report.cli import add_commands, append_step_summary, write_all
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "tests" / "data" / "report" / "results-h200-core.json"

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.checkers.happens_before import Finding
 from harness.frontends.cli import main
-from harness.records.analysis import Finding, RaceKind
 from harness.records.errors import InputError
+from harness.records.races import RaceKind
 from harness.records.trace import Region
 from harness.report.compare import compare, record_key, sentence_key
 from harness.report.results import finding_record
@@ -313,9 +314,9 @@ SIM_SCENARIOS = ("hybrid-full-none", "hybrid-full-final_event", "mamba-eager-now
 def sim_results(tmp_path_factory) -> Path:
     """results.json of a fresh simulator run of a few default scenarios, as `run` writes it."""
     from harness.devices.sim import SimDevice
+    from harness.input.scenario_file import SCENARIO_DIR, load_files
     from harness.report.results import build_results, write_results
     from harness.run.pipeline import run_scenario
-    from harness.run.scenario_file import SCENARIO_DIR, load_files
 
     dev = SimDevice()
     scenarios = [s for s in load_files([SCENARIO_DIR / "default.toml"]) if s.name in SIM_SCENARIOS]

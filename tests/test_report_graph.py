@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.records.analysis import RaceKind
-from harness.records.graph import GraphFinding
+from harness.checkers.graph import GraphFinding
+from harness.records.races import RaceKind
 from harness.records.trace import Region
 from harness.report.html import missing_edge, render_html
 from harness.report.summary import render_summary
@@ -24,9 +24,9 @@ TINY = Path(__file__).parent / "data" / "tiny_attention.toml"
 @pytest.fixture(scope="module")
 def doc() -> dict:
     from harness.devices import open_device
+    from harness.input.scenario_file import load_files
     from harness.report.results import build_results
     from harness.run.pipeline import run_scenario
-    from harness.run.scenario_file import load_files
 
     dev = open_device("sim")
     results = [run_scenario(s, dev, replays=3) for s in load_files([TINY])]

@@ -22,9 +22,9 @@ TINY = (ROOT / "tests" / "data" / "tiny.toml").read_text()  # the CLI tests' sce
 
 def test_a_document_the_harness_builds_survives_json_and_validates(tmp_path):
     from harness.devices import open_device
+    from harness.input.scenario_file import parse_text
     from harness.report.results import build_results, write_results
     from harness.run.pipeline import run_scenario
-    from harness.run.scenario_file import parse_text
 
     dev = open_device("sim", [])
     started = time.time()
@@ -176,9 +176,9 @@ def test_a_wrong_finding_record_names_its_key(what, change, key, tmp_path):
 
 def test_what_this_build_writes_carries_one_record_per_finding():
     from harness.devices.sim import SimDevice
+    from harness.input.scenario_file import parse_text
     from harness.report.results import build_results
     from harness.run.pipeline import run_scenario
-    from harness.run.scenario_file import parse_text
 
     racy = next(s for s in parse_text(TINY, "tiny.toml") if s.fence == "none")
     r = run_scenario(racy, SimDevice(), replays=1)

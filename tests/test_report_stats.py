@@ -25,9 +25,9 @@ TINY = (ROOT / "tests" / "data" / "tiny.toml").read_text()
 @pytest.fixture(scope="module")
 def tiny_doc() -> dict:
     from harness.devices.sim import SimDevice
+    from harness.input.scenario_file import parse_text
     from harness.report.results import build_results
     from harness.run.pipeline import run_scenario
-    from harness.run.scenario_file import parse_text
 
     results = [run_scenario(s, SimDevice(), replays=4) for s in parse_text(TINY, "tiny.toml")]
     return json.loads(json.dumps(build_results(results, SimDevice().describe(), time.time(), time.time())))

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from harness.examples import sanitizer_cost
-from harness.examples.sanitizer_cost import Cost, Sample, measure_rounds
+from harness.frontends import cli
+from harness.studies import sanitizer_cost
+from harness.studies.sanitizer_cost import Cost, Sample, measure_rounds
 
 
 def fake_run(plain_ms: float, sanitized_ms: float, races: int):
@@ -67,14 +68,14 @@ def test_with_no_gpu_it_says_so_and_succeeds(capsys, monkeypatch, tmp_path):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert sanitizer_cost.main(["--out", str(tmp_path)]) == 0
+    assert cli.main(["sanitizer", "cost", "--out", str(tmp_path)]) == 0
     assert "no CUDA device" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("arg", ["--rounds", "--replays", "--example-replays"])
 def test_a_count_that_is_not_positive_is_one_line_and_exit_two(arg, capsys):
     with pytest.raises(SystemExit) as e:
-        sanitizer_cost.main([arg, "0"])
+        cli.main(["sanitizer", "cost", arg, "0"])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert arg in err and "expected a positive integer, got 0" in err
@@ -83,7 +84,7 @@ def test_a_count_that_is_not_positive_is_one_line_and_exit_two(arg, capsys):
 def test_a_sanitized_run_is_timed_inside_the_watch_and_carries_its_races(monkeypatch):
     import contextlib
 
-    import harness.frontends.sanitizer as frontend
+    import harness.sanitizer.session as frontend
 
     inside: list[bool] = []
     watching = [False]

@@ -88,8 +88,8 @@ def test_the_fixture(pytester, monkeypatch):
 @pytest.mark.parametrize("model", ["attention", "hybrid"])
 def test_a_full_graph_scenario_races_unfenced_and_not_with_the_final_event(model):
     from harness.devices.cuda import CudaDevice
+    from harness.input.scenario_file import default_files, load_files
     from harness.run.pipeline import run_scenario
-    from harness.run.scenario_file import default_files, load_files
 
     scenarios = {s.name: s for s in load_files(default_files())}
     dev = CudaDevice()

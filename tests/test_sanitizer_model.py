@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.records.sanitizer_model import HOST, RaceKind, SanitizerModel, Site, Span, Use
+from harness.records.races import HOST, RaceKind
+from harness.sanitizer.model import SanitizerModel, Site, Span, Use
 
 MAIN, SIDE, CAP, FORK = 0, 0x100, 0x200, 0x300  # stream ids
 GRAPH = "g"

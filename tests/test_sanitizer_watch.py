@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import harness
-from harness.devices.torch_watch import OpWatch, short_stack
 from harness.records.errors import RacesFound
-from harness.records.sanitizer_model import SanitizerModel
 from harness.sanitizer import Sanitizer
+from harness.sanitizer.model import SanitizerModel
+from harness.sanitizer.tap import OpWatch, short_stack
 
 pytest_plugins = ["pytester"]
 
@@ -210,8 +210,8 @@ def test_an_error_in_the_block_goes_through_with_the_races_kept():
 
 
 def test_the_cuda_watch_patches_only_while_it_watches_and_one_at_a_time():
-    from harness.devices.torch_watch import CudaWatch
     from harness.records.errors import SanitizerError
+    from harness.sanitizer.tap import CudaWatch
 
     before = {n: torch.cuda.CUDAGraph.__dict__.get(n) for n in ("capture_begin", "capture_end", "replay")}
     new_before = torch.cuda.Event.__dict__["__new__"]
@@ -229,7 +229,7 @@ def test_the_cuda_watch_patches_only_while_it_watches_and_one_at_a_time():
 
 def test_the_pytest_fixture_is_in_the_plugin(pytester, monkeypatch):
     pytester.makepyfile(test_fix="""
-        from harness.records.sanitizer_model import Site, Span, Use
+        from harness.sanitizer.model import Site, Span, Use
 
         def race(model):
             model.op(1, [Use(Span("cuda:0", 0, 8), True, Site("aten::fill_", "self"))])
@@ -279,7 +279,7 @@ def fire(name: str, *args: int) -> None:
 @pytest.mark.parametrize("fence", ["none", "wait_stream", "event", "in_graph"])
 def test_the_example_sequence_through_the_cuda_watch(fence):
     """harness/examples/h2d_graph_race.py's calls, as CUDA would trace them, on CPU tensors."""
-    from harness.devices.torch_watch import CudaWatch
+    from harness.sanitizer.tap import CudaWatch
 
     streams = FakeStreams()
     host, dev, out = torch.ones(256), torch.zeros(256), torch.empty(256)
@@ -338,7 +338,7 @@ def test_a_trace_callback_with_no_sanitizer_watching_does_nothing():
 
 
 def test_the_comparison_tables_rows(capsys):
-    from harness.examples.sanitizer_compare import CASES, Case, _row
+    from harness.studies.sanitizer_compare import CASES, Case, _row
 
     assert [c.name for c in CASES if c.racy] == [
         "example:none", "attention-full-none", "mamba-full-none", "hybrid-full-none"]
@@ -395,7 +395,7 @@ def fake_cuda(monkeypatch):
     fake = FakeCuda(streams)
     monkeypatch.setattr(torch.cuda, "Event", fake.Event)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", fake.CUDAGraph)
-    from harness.devices.torch_watch import CudaWatch
+    from harness.sanitizer.tap import CudaWatch
 
     def watch(model, depth):
         return CudaWatch(model, stack_depth=depth, stream_of=streams, space_of=lambda t: "cuda:0")
@@ -458,7 +458,7 @@ def _stack() -> list:
 
 
 def _ours_registered(registry_name: str) -> bool:
-    import harness.devices.torch_watch as tw
+    import harness.sanitizer.tap as tw
 
     registry = getattr(tw._gpu_trace(), registry_name)
     return any(cb is forwarder for _, forwarder in tw._callbacks for cb in registry.callback_list)
@@ -468,7 +468,7 @@ def test_the_cuda_watch_leaves_in_reverse_order_and_keeps_its_mode():
     import gc
     import weakref
 
-    import harness.devices.torch_watch as tw
+    import harness.sanitizer.tap as tw
 
     depth = len(_stack())
     with Sanitizer() as s:
@@ -501,8 +501,8 @@ class Counting(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 def test_a_mode_left_active_inside_the_block_stays_and_the_sanitizers_goes():
-    from harness.devices.torch_watch import OpWatch
     from harness.records.errors import SanitizerError
+    from harness.sanitizer.tap import OpWatch
 
     depth = len(_stack())
     other = Counting()

@@ -13,6 +13,14 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from harness.input.scenario_file import (
+    _MODEL_FIELDS,
+    _SCENARIO_FIELDS,
+    default_files,
+    load_file,
+    load_files,
+    parse_text,
+)
 from harness.records.errors import InputError
 from harness.records.scenario import (
     Backend,
@@ -26,14 +34,6 @@ from harness.records.scenario import (
     Request,
     Scenario,
     Tolerance,
-)
-from harness.run.scenario_file import (
-    _MODEL_FIELDS,
-    _SCENARIO_FIELDS,
-    default_files,
-    load_file,
-    load_files,
-    parse_text,
 )
 
 BAD_DIR = Path(__file__).resolve().parent / "data" / "bad_scenarios"

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from harness.checkers.clocks import StreamClocks
+from harness.checkers.happens_before import find_races
 from harness.devices.sim import SimDevice
 from harness.frontends.fence_commands import FENCE_MUTANTS, cell, cmd_fences, race_scenarios
 from harness.protocol.fences import STRATEGIES
-from harness.records.analysis import find_races
-from harness.records.clocks import StreamClocks
 from harness.records.scenario import (
     Backend,
     Expect,
@@ -22,8 +22,8 @@ from harness.records.scenario import (
     Scenario,
 )
 from harness.records.trace import HostWait, Replay, Wait
-from harness.run.benchmark import ARMS, BASELINES, Point, Stats, bench_point, sweep
 from harness.run.pipeline import run_scenario
+from harness.studies.fence_cost import ARMS, BASELINES, Point, Stats, bench_point, sweep
 
 SMALL = ModelShape(layers="AMAM", hidden=64, heads=2, kv_heads=1, head_dim=32, state=4)
 

@@ -11,10 +11,10 @@ import pytest
 
 from harness.devices.sim import SimDevice
 from harness.frontends.cli import main
+from harness.input.scenario_file import parse_text
 from harness.records.rates import Until
 from harness.records.scenario import Fault, FaultKind
 from harness.run.pipeline import run_scenario
-from harness.run.scenario_file import parse_text
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_TEXT = (ROOT / "tests" / "data" / "tiny.toml").read_text()

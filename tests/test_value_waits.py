@@ -10,11 +10,13 @@ import json
 import pytest
 import torch
 
+from harness.checkers.happens_before import find_races
 from harness.devices.sim import SimDevice
 from harness.frontends.fence_commands import cmd_bench, cmd_fences
+from harness.input.scenario_file import SCENARIO_DIR, load_files
 from harness.protocol.fences import ARMED, LOADED
-from harness.records.analysis import RaceKind, find_races
 from harness.records.errors import InputError
+from harness.records.races import RaceKind
 from harness.records.scenario import Backend, Expect, Fault, FaultKind, ModelShape, Request, Scenario
 from harness.records.trace import (
     Copy,
@@ -29,10 +31,9 @@ from harness.records.trace import (
     Wait,
     flag_reached,
 )
-from harness.run.benchmark import POINT_SETS, Point, Spread, arm_parts, bench_point, points_named
 from harness.run.mutants import Outcome, classify
 from harness.run.pipeline import run_scenario
-from harness.run.scenario_file import SCENARIO_DIR, load_files
+from harness.studies.fence_cost import POINT_SETS, Point, Spread, arm_parts, bench_point, points_named
 
 SMALL = ModelShape(layers="AMAM", hidden=64, heads=2, kv_heads=1, head_dim=32, state=4)
 LOAD, FWD = 1, 2

@@ -11,12 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.checkers.happens_before import find_races
 from harness.devices.sim import SimDevice
+from harness.faults.plan import FaultPlan
+from harness.input.scenario_file import SCENARIO_DIR, load_files
 from harness.model.arena import BACKUP, arena_layout
 from harness.protocol.hazards import HAZARDS
 from harness.protocol.writeback import ENGINE, TRANSFERS, backup_regions
-from harness.records.analysis import RaceKind, find_races
-from harness.records.faults import FaultPlan
+from harness.records.races import RaceKind
 from harness.records.scenario import Backend, Expect, Fault, FaultKind, Hazard, ModelShape, Request, Scenario
 from harness.records.trace import (
     Copy,
@@ -35,7 +37,6 @@ from harness.report.plots import timeline_figure
 from harness.report.timeline import chrome_trace, stale_marks, stream_order
 from harness.run.mutants import Outcome, Role, classify
 from harness.run.pipeline import run_scenario
-from harness.run.scenario_file import SCENARIO_DIR, load_files
 from harness.run.testbed import Testbed
 
 LOAD, FWD, D2H, SCHED = 1, 2, 3, 4

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import torch
 
 from harness.records.errors import FlagUnavailable, GateUnavailable, GraphUnavailable
-from harness.records.graph import GraphModel, GraphSource
+from harness.records.graph_model import GraphModel, GraphSource
 from harness.records.trace import (
     HostWait,
     HostWrite,
@@ -172,7 +172,7 @@ class Graph(abc.ABC):
 
     @abc.abstractmethod
     def model(self) -> GraphModel:
-        """The graph the device runs, by its own nodes and edges (`harness.records.graph`); raises
+        """The graph the device runs, by its own nodes and edges (`harness.records.graph_model`); raises
         GraphUnavailable where it cannot be read."""
 
 
@@ -431,7 +431,7 @@ class Device(abc.ABC):
         return graph
 
     def graph_source(self, trace: Trace) -> GraphSource:
-        """The models of the graphs `trace` replays, for the graph check (`harness.records.graph`)."""
+        """The models of the graphs `trace` replays, for the graph check (`harness.records.graph_model`)."""
         source = GraphSource()
         for gid in dict.fromkeys(op.graph for op in trace.ops if isinstance(op, Replay)):
             graph = self._graphs.get(gid)

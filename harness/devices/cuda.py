@@ -29,7 +29,7 @@ from harness.records.errors import (
     HarnessError,
     ReplayTimeout,
 )
-from harness.records.graph import GraphModel
+from harness.records.graph_model import GraphModel
 from harness.records.trace import (
     Copy,
     CopyToHost,

@@ -7,10 +7,10 @@ the check needs, and it needs a 13.1 driver for its tools ids; so it is not used
 
 - `frontier(stream)`: the capture's dependency set now (`cudaStreamGetCaptureInfo`), as node
   handles. The device takes it before every captured op and once at the end, and
-  `harness.records.graph.spans_from_frontiers` turns those into the nodes of each op.
+  `harness.records.graph_model.spans_from_frontiers` turns those into the nodes of each op.
 - `read(...)`: nodes (`cudaGraphGetNodes`, `cudaGraphNodeGetType`), events of wait and record
   nodes (`cudaGraphEventWaitNodeGetEvent`, `cudaGraphEventRecordNodeGetEvent`), and edges
-  (`cudaGraphGetEdges`), into a `harness.records.graph.GraphModel`.
+  (`cudaGraphGetEdges`), into a `harness.records.graph_model.GraphModel`.
 - kernel nodes are named "kernel", not by their function: on an H200 (driver 580.159.04,
   cuda-bindings 13.3.1) the driver's `cuFuncGetName` named some (the index-copy kernels of every
   finding of a `make gpu-test`) but answered CUDA_ERROR_INVALID_HANDLE for others (an in-place
@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.records.errors import GraphUnavailable
-from harness.records.graph import GraphModel, GraphNode, NodeKind, spans_from_frontiers
+from harness.records.graph_model import GraphModel, GraphNode, NodeKind, spans_from_frontiers
 
 
 def _bindings() -> tuple[Any, Any]:

@@ -43,7 +43,7 @@ import torch
 from harness.devices.base import Device, Event, Flags, Gate, Graph, Stream, _Capture, _Event, _Stream
 from harness.records.device_settings import SimCosts  # the cost model, torch-free for the CLI's help
 from harness.records.errors import CaptureInvalidated, HarnessError
-from harness.records.graph import GraphModel, chain_model
+from harness.records.graph_model import GraphModel, chain_model
 from harness.records.trace import (
     Copy,
     CopyToHost,

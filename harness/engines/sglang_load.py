@@ -40,11 +40,11 @@ import torch
 
 from harness.devices.base import Device
 from harness.engines.sglang_pools import construct
+from harness.faults.plan import FaultPlan
 from harness.protocol.layout import Layout, Pool
 from harness.protocol.pools import HostPool
 from harness.protocol.schedules import LoadOp
 from harness.records.errors import EngineContractBroken
-from harness.records.faults import FaultPlan
 from harness.records.trace import Region
 
 # A kernel call's copies: the layer it writes, then (destination, source, region written, host rows read).

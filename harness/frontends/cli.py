@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.engines import ENGINES
-from harness.frontends import engine_matrix, graph_check, soak
+from harness.frontends import engine_matrix, graph_check, sanitizer_commands, soak
 from harness.frontends.cli_args import device_arguments, interval_width, out_argument, positive_int
 from harness.frontends.fence_commands import HANDLERS as FENCE_HANDLERS
 from harness.frontends.fence_commands import add_commands as add_fence_commands
+from harness.frontends.report_commands import HANDLERS as REPORT_HANDLERS
+from harness.frontends.report_commands import add_commands as add_report_commands
 from harness.frontends.session import (
     Stop,
     interrupt_signal,
@@ -29,12 +31,10 @@ from harness.frontends.session import (
     write_partial,
     write_report,
 )
+from harness.input.plugins import Kind, resolve
 from harness.records.errors import HarnessError, InputError
 from harness.records.rates import Until
 from harness.records.scenario import Scenario
-from harness.report.cli import HANDLERS as REPORT_HANDLERS
-from harness.report.cli import add_commands as add_report_commands
-from harness.run.plugins import Kind, resolve
 
 if TYPE_CHECKING:
     from harness.devices.base import Device
@@ -120,13 +120,14 @@ def _parser() -> argparse.ArgumentParser:
     soak.add_command(sub)
     engine_matrix.add_command(sub)
     graph_check.add_command(sub)
+    sanitizer_commands.add_command(sub)
     return p
 
 
 def _load(files: list[Path], args: argparse.Namespace, default: list[Path] | None = None) -> list[Scenario]:
     """The scenarios of the files, with the command line's fence / accessor / schedule."""
     from harness.engines import load_engine
-    from harness.run.scenario_file import default_files, load_files
+    from harness.input.scenario_file import default_files, load_files
 
     scenarios = load_files(files or default or default_files())
     overrides = {}
@@ -224,9 +225,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_mutants(args: argparse.Namespace) -> int:
     from harness.devices import open_device
+    from harness.input.scenario_file import SCENARIO_DIR
     from harness.report.results import build_results, write_results
     from harness.run.mutants import Role, classify, matrix_ok, matrix_section
-    from harness.run.scenario_file import SCENARIO_DIR
 
     scenarios = _load(args.files, args, sorted((SCENARIO_DIR / "mutants").glob("*.toml")))
     dev = open_device(args.device, args.sim_costs)
@@ -330,7 +331,7 @@ def _command(args: argparse.Namespace) -> int:
     """The command's handler, under the interrupt handlers; a HarnessError as one line."""
     handlers = {"run": cmd_run, "repro": cmd_repro, "mutants": cmd_mutants, "soak": soak.cmd_soak,
                 "engine-matrix": engine_matrix.cmd_engine_matrix, "graph-check": graph_check.cmd_graph_check,
-                **REPORT_HANDLERS, **FENCE_HANDLERS}
+                **REPORT_HANDLERS, **FENCE_HANDLERS, **sanitizer_commands.HANDLERS}
     try:
         with signals_interrupt():
             return handlers[args.command](args)
@@ -354,6 +355,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fence-harness: interrupted ({sig.name})", file=sys.stderr)
         return 128 + sig
 
-
-if __name__ == "__main__":
-    sys.exit(main())

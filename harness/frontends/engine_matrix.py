@@ -198,9 +198,9 @@ def child(argv: list[str]) -> int:
     from harness.devices import open_device
     from harness.frontends.console import plain_line
     from harness.frontends.session import run_scenarios
+    from harness.input.scenario_file import load_files
     from harness.records.errors import HarnessError
     from harness.report.results import build_results, write_results
-    from harness.run.scenario_file import load_files
 
     try:
         scenarios = load_files(args.files)

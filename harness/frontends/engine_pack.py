@@ -137,8 +137,8 @@ def _list(cuda_branches: bool) -> None:
 
         from harness.devices.sim import SimDevice
         from harness.frontends.engine_matrix import FILES, SMALL
+        from harness.input.scenario_file import load_file
         from harness.run.pipeline import run_scenario
-        from harness.run.scenario_file import load_file
 
         for s in load_file(FILES[0]):
             run_scenario(s.with_overrides(model=dataclasses.replace(s.model, **SMALL)), SimDevice(), replays=1)

@@ -5,7 +5,7 @@ mutant whose defect is its fence, is run with every fence strategy in place of
 its own. `none` must be caught on every one; every correct strategy must be clean
 on every one (no stale replay, no analyser finding). Exit 1 otherwise.
 
-bench: see `harness.run.benchmark`. Prints a table per point and writes the `bench`
+bench: see `harness.studies.fence_cost`. Prints a table per point and writes the `bench`
 section of results.json; exit 0 (a benchmark measures, it does not judge).
 
 Both write summary.md and report.html next to results.json, as `run` does. The device,
@@ -32,7 +32,7 @@ FENCE_MUTANTS = ("none", "first_event", "wrong_stream", "previous_op", "layerwis
 
 
 def race_scenarios() -> list[Scenario]:
-    from harness.run.scenario_file import SCENARIO_DIR, default_files, load_files
+    from harness.input.scenario_file import SCENARIO_DIR, default_files, load_files
 
     # Only races whose defect is the fence (a write-back or staging race stays one under any fence),
     # and only the portable ones: a scenario for one kind of device only (the natural set's serving
@@ -66,11 +66,11 @@ def cell(r: ScenarioResult, base: str) -> Cell:
 
 def cmd_fences(args: argparse.Namespace) -> int:
     from harness.devices import open_device
+    from harness.input.plugins import Kind, resolve
     from harness.protocol.fences import STRATEGIES
     from harness.records.plain import as_plain
     from harness.report.results import build_results, write_results
     from harness.run.pipeline import run_scenario
-    from harness.run.plugins import Kind, resolve
 
     chosen = getattr(args, "strategies", None) or list(STRATEGIES)
     for name in chosen:
@@ -112,10 +112,10 @@ def cmd_fences(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from harness.devices import open_device
+    from harness.input.plugins import Kind, resolve
     from harness.records.errors import InputError
     from harness.report.results import build_results, write_results
-    from harness.run.benchmark import ARMS, POINT_SETS, arm_parts, bench_point, points_named
-    from harness.run.plugins import Kind, resolve
+    from harness.studies.fence_cost import ARMS, POINT_SETS, arm_parts, bench_point, points_named
 
     arms = args.arms or list(ARMS)
     for arm in arms:
@@ -156,7 +156,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_checking(args: argparse.Namespace) -> int:
     from harness.devices import open_device
     from harness.report.results import build_results, write_results
-    from harness.run.checking import TARGET, default_shapes, measure
+    from harness.studies.checking_speed import TARGET, default_shapes, measure
 
     dev = open_device(args.device, args.sim_costs)
     shapes = default_shapes()

@@ -47,10 +47,10 @@ def cmd_graph_check(args: argparse.Namespace) -> int:
     from harness.devices import open_device
     from harness.frontends.console import skip_lines
     from harness.frontends.session import run_scenarios, write_partial
+    from harness.input.scenario_file import default_files, load_files
     from harness.report.results import build_results, graph_check_entry, write_atomic, write_results
     from harness.report.summary import render_graph_check
     from harness.run.pipeline import ScenarioResult
-    from harness.run.scenario_file import default_files, load_files
     from harness.run.verdict import GraphStatus, decide_graph
 
     scenarios = load_files(args.files or default_files())  # bad input: one line, exit 2

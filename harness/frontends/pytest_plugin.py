@@ -251,8 +251,8 @@ def pytest_configure(config: pytest.Config) -> None:
     paths = state.settings.scenarios + state.settings.mutants
     if not paths:
         return
+    from harness.input.scenario_file import load_files
     from harness.records.errors import InputError
-    from harness.run.scenario_file import load_files
 
     try:  # one load: a name used in two files is an error, as it is for `fence-harness run`
         state.scenarios = load_files(paths)
@@ -471,8 +471,8 @@ def stream_sanitizer():
     A test that means to look at the races itself sets `stream_sanitizer.raise_on_race = False`
     and reads `stream_sanitizer.races`.
     """
-    from harness.frontends.sanitizer import Sanitizer
     from harness.records.errors import SanitizerError
+    from harness.sanitizer.session import Sanitizer
 
     try:
         with Sanitizer(raise_on_race=True) as s:
@@ -557,7 +557,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         shutil.rmtree(state.parts_dir, ignore_errors=True)
     if not parts:
         return
-    from harness.report.cli import append_step_summary, write_all
+    from harness.frontends.report_commands import append_step_summary, write_all
     from harness.report.results import write_results
 
     doc = gpu_workers.merge(parts, order=[s.name for s in state.scenarios], command=sys.argv)

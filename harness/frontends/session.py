@@ -161,7 +161,7 @@ def write_partial(stop: Stop, results: list[ScenarioResult], device: dict, out: 
 
 def write_report(doc: dict, out: Path) -> None:
     """summary.md and report.html next to results.json; a failure here never loses the results."""
-    from harness.report.cli import append_step_summary, write_all
+    from harness.frontends.report_commands import append_step_summary, write_all
 
     try:
         write_all(doc, out)

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from harness.devices.base import Device, Event, Gate, Stream
+from harness.faults.plan import FaultPlan
 from harness.protocol.layout import Layout
 from harness.protocol.loadback import CopyPlan, plan_copies
 from harness.protocol.pools import HostPool, HybridPool
@@ -58,7 +59,6 @@ from harness.protocol.writeback import (
     backup_regions,
     plan_refill,
 )
-from harness.records.faults import FaultPlan
 from harness.records.scenario import Fault, Hazard
 from harness.records.trace import Region
 

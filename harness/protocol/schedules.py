@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.devices.base import Device, Event, Gate, Stream
+from harness.faults.plan import FaultPlan
 from harness.protocol.layout import Layout
 from harness.protocol.loadback import CopyPlan, LayerCopy
-from harness.records.faults import FaultPlan
 from harness.records.scenario import LAYER_KINDS
 
 # Called with a layer index right after that layer's event is recorded (load stream current).

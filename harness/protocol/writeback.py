@@ -37,11 +37,11 @@ from dataclasses import dataclass
 import torch
 
 from harness.devices.base import Device, Event, Gate, Stream, dtype_of
+from harness.faults.plan import FaultPlan
 from harness.protocol.layout import Layout
 from harness.protocol.loadback import CopyPlan, LayerCopy, plan_copies
 from harness.protocol.pools import HostPool, HybridPool
 from harness.records.errors import ReplayTimeout
-from harness.records.faults import FaultPlan
 from harness.records.trace import Pool, Region
 
 

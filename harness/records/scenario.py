@@ -1,7 +1,7 @@
 """Scenario definitions: frozen records of what to build, break and expect.
 
 A scenario is model shape x batch x backend x fence x fault x expectation. The
-TOML loader and its validation live in `harness.run.scenario_file`; this module only
+TOML loader and its validation live in `harness.input.scenario_file`; this module only
 holds the records and the closed sets of names.
 """
 
@@ -151,7 +151,7 @@ class Request:
 
 @dataclass(frozen=True)
 class Pressure:
-    """The pressure fault's intensity (`harness.devices.pressure` runs it).
+    """The pressure fault's intensity (`harness.faults.contention` runs it).
 
     bf16 GEMMs of `gemm` x `gemm` matrices issued back to back on each of `gemm_streams`
     streams, and pinned copies of `copy_mib` MiB in `copy`'s direction(s), each direction back
@@ -180,7 +180,7 @@ class Pressure:
 
 @dataclass(frozen=True)
 class Fault:
-    """What the injector does to the load stream; see `harness.records.faults` for the mechanics.
+    """What the injector does to the load stream; see `harness.faults.plan` for the mechanics.
 
     us: the delay (delay, each sweep point), the largest random delay (jitter) or
     the gap before each chunk after a layer's first (chunked).

@@ -5,7 +5,7 @@ graph's body; while tracing, to a `Trace`. The records carry what a replay needs
 run them again without any of the Python that issued them: a kernel carries its
 closure, a copy its tensors. So one list is both the model of a replay that the
 simulator executes and the one the happens-before analyser reads
-(`harness.records.analysis`). Payloads (closures, tensors) take no part in equality
+(`harness.checkers.happens_before`). Payloads (closures, tensors) take no part in equality
 or repr: two traces are equal when they describe the same work.
 
 Ids are small integers given out by the device.

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from harness.records.analysis import RaceKind
+from harness.records.races import RaceKind
 from harness.records.rates import SIGNIFICANT, Rate, exact_test
 from harness.records.trace import Region
 from harness.report.schema import validate

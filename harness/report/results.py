@@ -22,8 +22,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.records.analysis import Finding
-from harness.records.graph import GraphCheck
+from harness.checkers.graph import GraphCheck
+from harness.checkers.happens_before import Finding
 from harness.records.plain import as_plain
 from harness.records.rates import LEVEL, METHOD, SEE_CONFIDENCE, Rate
 

@@ -106,8 +106,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.records.analysis import RaceKind
 from harness.records.errors import ReportInputError
+from harness.records.races import RaceKind
 from harness.records.scenario import Hazard
 from harness.records.trace import SpanKind
 from harness.report.results import SCHEMA_VERSION

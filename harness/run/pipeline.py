@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.checkers.graph import GraphCheck, check_graphs
+from harness.checkers.happens_before import Finding, find_races
 from harness.devices.base import Device, Gate, collector_paused
-from harness.devices.pressure import Contention, contention
+from harness.faults.contention import Contention, contention
+from harness.faults.plan import sweep_points
 from harness.model.runners import Runner
-from harness.records.analysis import Finding, find_races
 from harness.records.errors import GraphMismatch, HarnessError
-from harness.records.faults import sweep_points
-from harness.records.graph import GraphCheck, check_graphs
 from harness.records.rates import Rate, Until
 from harness.records.scenario import Expect, FaultKind, Scenario
 from harness.records.trace import Span, Trace

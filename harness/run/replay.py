@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from harness.devices.base import Device, Event, Gate, Graph, Stream
+from harness.faults.plan import FaultPlan, gate_fallback
 from harness.model.runners import EagerRunner, Runner
 from harness.protocol.accessors import per_layer
 from harness.protocol.fences import FenceContext
@@ -50,7 +51,6 @@ from harness.records.errors import (
     PluginError,
     ReplayTimeout,
 )
-from harness.records.faults import FaultPlan, gate_fallback
 from harness.records.scenario import Fault, FaultKind, Pace
 from harness.run.oracle import Oracle, ReplayVerdict
 from harness.run.testbed import Testbed

@@ -8,6 +8,8 @@ import torch
 
 from harness.devices.base import Device
 from harness.engines import load_engine
+from harness.faults.plan import FaultPlan
+from harness.input.plugins import Kind, fence_for_scenario, resolve
 from harness.model.runners import Runner, make_runner
 from harness.model.stack import HybridModel
 from harness.protocol.accessors import AccessorPolicy
@@ -19,9 +21,7 @@ from harness.protocol.pools import HostPool, HybridPool
 from harness.protocol.schedules import LayerListener, LoadOp, LoadStarter, Schedule, layerwise, start_loading
 from harness.protocol.writeback import HostBackup, WriteBack, transfer_policy
 from harness.records.errors import ReplayTimeout
-from harness.records.faults import FaultPlan
 from harness.records.scenario import Backend, FaultKind, Scenario
-from harness.run.plugins import Kind, fence_for_scenario, resolve
 
 
 class Testbed:

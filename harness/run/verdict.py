@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.records.graph import GraphCheck
+from harness.checkers.graph import GraphCheck
 from harness.records.scenario import Backend, Evidence, Expect, Hazard, NamedEnum, Scenario
 
 

@@ -5,12 +5,13 @@
     with sanitize(raise_on_race=True):
         ...
 
-See `harness.frontends.sanitizer` (and the README's `harness.sanitizer` section).
+See `harness.sanitizer.session` (and the README's `harness.sanitizer` section).
 """
 
-from harness.frontends.sanitizer import Sanitizer, sanitize
 from harness.records.errors import RacesFound, SanitizerError
-from harness.records.sanitizer_model import Access, GraphEdges, Race, RaceKind, Span, Use
+from harness.records.races import RaceKind
+from harness.sanitizer.model import Access, GraphEdges, Race, Span, Use
+from harness.sanitizer.session import Sanitizer, sanitize
 
 __all__ = ["Sanitizer", "sanitize", "RacesFound", "SanitizerError", "Race", "RaceKind", "Access", "Span",
            "Use", "GraphEdges"]

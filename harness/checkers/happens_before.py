@@ -1,7 +1,7 @@
 """Happens-before race analysis of a recorded `Trace` (pure logic: no torch, no device).
 
 Ops are walked in the order they were enqueued, with the stream clocks of
-`harness.records.clocks` (copies and accesses stamped, records, waits, host syncs).
+`harness.checkers.clocks` (copies and accesses stamped, records, waits, host syncs).
 Replay(stream=S, body): the body's ops run as if on S, in order; only body waits
 captured as graph nodes (`in_graph=True`) are honoured. Delay and Hold: nothing.
 
@@ -31,10 +31,10 @@ The write-back direction and host buffers add three more:
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
-from harness.records.clocks import Clock, Stamp, StreamClocks
+from harness.checkers.clocks import Clock, Stamp, StreamClocks
+from harness.records.races import HOST, HOST_NAME, RaceKind
 from harness.records.trace import (
     Copy,
     CopyToHost,
@@ -56,19 +56,7 @@ from harness.records.trace import (
     flag_reached,
 )
 
-__all__ = ["RaceKind", "Finding", "find_races", "FlagWrites", "FlagWriteStamp"]
-
-class RaceKind(enum.Enum):
-    READ_AFTER_WRITE = "read-after-write"  # a read unordered with an earlier copy to it
-    WRITE_AFTER_WRITE = "write-after-write"  # a write and a copy to it, unordered
-    WRITE_AFTER_READ = "write-after-read"  # a copy unordered with an earlier read of it
-    STORE_BEFORE_COMPUTE = "store-before-compute"  # a D2H copy unordered with an earlier write of what it reads
-    REUSE_BEFORE_BACKUP = "reuse-before-backup"  # a write unordered with an earlier D2H copy of that region
-    STAGING_OVERWRITE = "staging-overwrite"  # the host rewrites memory an earlier H2D copy may still read
-
-
-HOST = "host"  # the access stream of a host write
-
+__all__ = ["Finding", "find_races", "FlagWrites", "FlagWriteStamp"]
 
 @dataclass(frozen=True)
 class Finding:
@@ -95,7 +83,7 @@ class Finding:
 
     def _who(self) -> str:
         what = self.what or "an access"
-        if self.access_stream == HOST:
+        if self.access_stream == HOST_NAME:
             return f"{what} (the host)"
         where = "graph replay" if self.in_replay else "stream"
         return f"{what} ({where} on {self.access_stream})"
@@ -203,7 +191,7 @@ class _Walker:
         self._seen: set[tuple] = set()
 
     def name(self, sid: StreamId) -> str:
-        return HOST if sid < 0 else self.names.get(sid, f"stream{sid}")
+        return HOST_NAME if sid <= HOST else self.names.get(sid, f"stream{sid}")
 
     def report(self, kind: RaceKind, copy: _Copy, acc: _Access, first: bool, copy_region: Region | None = None) -> None:
         region = copy_region or copy.region
@@ -300,7 +288,7 @@ class _Walker:
         """The host writes host memory: a race with any earlier H2D copy reading it that the host
         has not seen complete."""
         for region in op.regions:
-            acc = _Access(Stamp(-1, 0), region, True, op.what, False)
+            acc = _Access(Stamp(HOST, 0), region, True, op.what, False)
             for copy in self.copies:
                 if (copy.source is not None and copy.source.overlaps(region)
                         and not self.clocks.host_ordered(copy.stamp)):

@@ -1,4 +1,4 @@
-"""What torch enqueues, fed to the stream sanitizer's model (`harness.records.sanitizer_model`).
+"""What torch enqueues, fed to the stream sanitizer's model (`harness.sanitizer.model`).
 
 Three taps, as PyTorch's CUDA sanitizer (`torch/cuda/_sanitizer.py`) has them, and one more:
 
@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.devices.base import collector_paused
 from harness.records.errors import SanitizerError
-from harness.records.sanitizer_model import SanitizerModel, Site, Span, Use
+from harness.sanitizer.model import SanitizerModel, Site, Span, Use
 
 __all__ = ["OpWatch", "CudaWatch", "cuda_space", "short_stack"]
 

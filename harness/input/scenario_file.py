@@ -34,6 +34,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10
     import tomli as tomllib
 
+from harness.input.plugins import Kind, resolve
 from harness.records.errors import InputError
 from harness.records.releases import ReleaseExpectations
 from harness.records.scenario import (
@@ -57,7 +58,6 @@ from harness.records.scenario import (
     Tolerance,
     kv_slots_needed,
 )
-from harness.run.plugins import Kind, resolve
 
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 

@@ -4,10 +4,10 @@ It is fed what a program enqueues, in the order the host enqueues it: tensor
 operations with the memory each argument reads or writes (`Use`), event records
 and waits, host synchronisations, and graph captures and replays. It reports every
 pair of accesses to overlapping memory, one of them a write, with no happens-before
-between them (`Race`). `harness.devices.torch_watch` feeds it from real torch calls;
+between them (`Race`). `harness.sanitizer.tap` feeds it from real torch calls;
 the tests feed it synthetic sequences.
 
-Clocks are `harness.records.clocks.StreamClocks` (PyTorch's sanitizer's model): work
+Clocks are `harness.checkers.clocks.StreamClocks` (PyTorch's sanitizer's model): work
 on a stream is stamped (stream, epoch); a record snapshots the stream's clock; a wait
 merges the event's snapshot; host synchronisations move the host's floor.
 
@@ -33,11 +33,11 @@ captured access, which external events the graph orders it after.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from harness.records.clocks import Clock, Stamp, StreamClocks
+from harness.checkers.clocks import Clock, Stamp, StreamClocks
+from harness.records.races import HOST, RaceKind
 
 __all__ = [
     "HOST", "Span", "Site", "Use", "Access", "Race", "RaceKind", "CapturedOp", "CapturedRecord",
@@ -47,7 +47,6 @@ __all__ = [
 StreamId = int
 EventId = int
 GraphKey = Hashable
-HOST: StreamId = -1  # the stream of the host's own work
 
 
 @dataclass(frozen=True)
@@ -119,12 +118,6 @@ class Access:
 def _stack(frames: tuple[str, ...]) -> str:
     """Innermost first, as one reads where it came from."""
     return " <- ".join(reversed(frames)) or "(no stack)"
-
-
-class RaceKind(enum.Enum):
-    READ_AFTER_WRITE = "read-after-write"
-    WRITE_AFTER_READ = "write-after-read"
-    WRITE_AFTER_WRITE = "write-after-write"
 
 
 @dataclass

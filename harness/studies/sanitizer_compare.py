@@ -1,6 +1,6 @@
 """harness.sanitizer against PyTorch's CUDA sanitizer and against the data, on a GPU.
 
-    python -m harness.examples.sanitizer_compare [--replays N] [--log FILE]
+    fence-harness sanitizer compare [--replays N] [--log FILE]
 
 Cases: the plain-PyTorch example (`harness.examples.h2d_graph_race`, each fence) and the
 default set's full-graph scenarios (attention, mamba, hybrid; no fence and the final-event
@@ -15,14 +15,12 @@ one), 0 otherwise.
 
 from __future__ import annotations
 
-import argparse
-import json
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from harness.studies.children import answer, ask_child
 
 if TYPE_CHECKING:
     from harness.records.scenario import Scenario
@@ -48,7 +46,7 @@ CASES = [Case(f"example:{f}") for f in EXAMPLE_FENCES] + [Case(n) for n in SCENA
 def scenario_named(name: str) -> Scenario:
     """A default-set scenario by name; `<model>-full-layerwise_graph` is the final-event one with
     per-layer external waits captured in the graph instead."""
-    from harness.run.scenario_file import default_files, load_files
+    from harness.input.scenario_file import default_files, load_files
 
     scenarios = {s.name: s for s in load_files(default_files())}
     if name not in scenarios and name.endswith("layerwise_graph"):
@@ -86,20 +84,13 @@ def _torch_one(case: Case, replays: int, example_replays: int) -> dict:
 
 
 def _torch_in_process(case: Case, replays: int, example_replays: int) -> dict:
-    cmd = [sys.executable, "-m", "harness.examples.sanitizer_compare", "--torch-one", case.name,
-           "--replays", str(replays), "--example-replays", str(example_replays)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
-    except subprocess.TimeoutExpired:
-        return {"torch": "timed out"}
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode or not lines:
-        return {"torch": f"failed: {proc.stderr.strip().splitlines()[-1:]}"}
-    return json.loads(lines[-1])
+    got = ask_child(["sanitizer", "compare", "--torch-one", case.name, "--replays", str(replays),
+                     "--example-replays", str(example_replays)], timeout=90)
+    return got.value if got.value is not None else {"torch": got.error}
 
 
 def _ours(case: Case, replays: int, example_replays: int, log) -> dict:
-    from harness.frontends.sanitizer import sanitize
+    from harness.sanitizer.session import sanitize
 
     row: dict = {}
     try:
@@ -134,30 +125,22 @@ def _row(c: Case, r: dict, n: int) -> bool:
     return ok
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.examples.sanitizer_compare",
-                                description=__doc__.splitlines()[0])
-    p.add_argument("--replays", type=int, default=20, help="counted replays per scenario")
-    p.add_argument("--example-replays", type=int, default=50)
-    p.add_argument("--log", default="sanitizer_races.log", help="where each case's races are described")
-    p.add_argument("--torch-one", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.torch_one:
-        print(json.dumps(_torch_one(Case(args.torch_one), args.replays, args.example_replays)))
-        return 0
+def torch_one(name: str, replays: int, example_replays: int) -> None:
+    """The child's side: one case under PyTorch's sanitizer, its verdict as the answer."""
+    answer(_torch_one(Case(name), replays, example_replays))
+
+
+def run(replays: int, example_replays: int, log_path: str) -> int:
+    """Every case: prints the table row by row; exit 1 where harness.sanitizer's verdict is wrong."""
     print("| case | is | stale, no sanitizer | harness.sanitizer races | stale under it | time s, plain / under it "
           "| torch.cuda._sanitizer | agrees |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
     wrong = 0
     # PyTorch's sanitizer runs in processes of its own, two at a time, beside this one's cases; each
     # row prints as soon as both sides of it are done, so a run cut short keeps the rows it has.
-    with ThreadPoolExecutor(max_workers=2) as pool, open(args.log, "w") as log:
-        theirs = {c.name: pool.submit(_torch_in_process, c, args.replays, args.example_replays) for c in CASES}
+    with ThreadPoolExecutor(max_workers=2) as pool, open(log_path, "w") as log:
+        theirs = {c.name: pool.submit(_torch_in_process, c, replays, example_replays) for c in CASES}
         for c in CASES:
-            r = {**_ours(c, args.replays, args.example_replays, log), **theirs[c.name].result()}
-            wrong += not _row(c, r, args.example_replays if c.name.startswith("example:") else args.replays)
+            r = {**_ours(c, replays, example_replays, log), **theirs[c.name].result()}
+            wrong += not _row(c, r, example_replays if c.name.startswith("example:") else replays)
     return 1 if wrong else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

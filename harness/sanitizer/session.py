@@ -8,8 +8,8 @@
 Like PyTorch's CUDA sanitizer (`torch.cuda._sanitizer`) it watches every aten operation
 and every stream, event and synchronisation call; unlike it, what runs during a capture is
 kept in the graph, and each `CUDAGraph.replay()` re-enacts the graph's accesses on the
-replay stream, at replay time. The model is `harness.records.sanitizer_model`; the torch
-taps are `harness.devices.torch_watch`.
+replay stream, at replay time. The model is `harness.sanitizer.model`; the torch
+taps are `harness.sanitizer.tap`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from harness.records.errors import RacesFound, SanitizerError
-from harness.records.sanitizer_model import GraphEdges, Race, SanitizerModel
+from harness.sanitizer.model import GraphEdges, Race, SanitizerModel
 
 __all__ = ["Sanitizer", "sanitize"]
 
@@ -30,7 +30,7 @@ class Watch(Protocol):
 
 
 def _cuda_watch(model: SanitizerModel, stack_depth: int) -> Watch:
-    from harness.devices.torch_watch import CudaWatch
+    from harness.sanitizer.tap import CudaWatch
 
     return CudaWatch(model, stack_depth=stack_depth)
 

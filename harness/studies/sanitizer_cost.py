@@ -1,6 +1,6 @@
 """What `harness.sanitizer` costs per replay, on a GPU.
 
-    python -m harness.examples.sanitizer_cost [--rounds N] [--replays N] [--out DIR]
+    fence-harness sanitizer cost [--rounds N] [--replays N] [--out DIR]
 
 Cases: the plain-PyTorch example (`harness.examples.h2d_graph_race`, unfenced and with the
 event fence) and the default set's full-graph scenarios with the final-event fence (attention,
@@ -9,7 +9,7 @@ mamba, hybrid), plus the hybrid one unfenced. Each round runs the case twice, pl
 one side), each time set up anew (the sanitizer must see the capture to re-enact the replays).
 
 Time per replay is device time: two events around the replay loop (the example's loop; the
-harness's checked replays, `harness.run.checking.checked_run`), over the replays. Every replay
+harness's checked replays, `harness.studies.checking_speed.checked_run`), over the replays. Every replay
 ends in a host synchronisation, so the device's span includes the time the host took between
 replays: where the sanitizer's cost lies. The cost is the round-by-round ratio, sanitized over
 plain; median and spread over rounds. The sanitizer's races come with it: a case whose verdict
@@ -20,16 +20,13 @@ Writes `results.json` (`sanitizer_cost.cases`) and `table.md` under --out.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from harness.examples.sanitizer_compare import Case
-from harness.frontends.cli_args import positive_int
-from harness.run.benchmark import Spread
+from harness.studies.fence_cost import Spread
+from harness.studies.sanitizer_compare import Case
 
 EXAMPLE_CASES = ("example:none", "example:event")
 SCENARIO_CASES = ("attention-full-final_event", "mamba-full-final_event", "hybrid-full-final_event",
@@ -110,7 +107,7 @@ def measure_rounds(run: Callable[[bool], Sample], rounds: int) -> list[tuple[Sam
 
 def _plain_and_sanitized(timed: Callable[[], Sample]) -> Callable[[bool], Sample]:
     """`timed` run plain, or under `sanitize()` with the races it reported."""
-    from harness.frontends.sanitizer import sanitize
+    from harness.sanitizer.session import sanitize
 
     def once(sanitized: bool) -> Sample:
         if not sanitized:
@@ -138,8 +135,8 @@ def _example(fence: str, replays: int) -> Callable[[bool], Sample]:
 
 def _scenario(name: str, replays: int) -> Callable[[bool], Sample]:
     from harness.devices.cuda import CudaDevice
-    from harness.examples.sanitizer_compare import scenario_named
-    from harness.run.checking import checked_replayer, checked_run
+    from harness.studies.checking_speed import checked_replayer, checked_run
+    from harness.studies.sanitizer_compare import scenario_named
 
     scenario = scenario_named(name)
 
@@ -153,13 +150,8 @@ def _scenario(name: str, replays: int) -> Callable[[bool], Sample]:
     return _plain_and_sanitized(timed)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.examples.sanitizer_cost", description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=positive_int, default=5, help="pairs of runs (plain, sanitized) per case")
-    p.add_argument("--replays", type=positive_int, default=30, help="replays per run of a scenario")
-    p.add_argument("--example-replays", type=positive_int, default=50, help="replays per run of the example")
-    p.add_argument("--out", default="reports/sanitizer", help="folder for results.json and table.md")
-    args = p.parse_args(argv)
+def run(rounds: int, replays: int, example_replays: int, out: Path) -> int:
+    """Every case, plain and sanitized in alternating rounds; exit 1 where the sanitizer's verdict is wrong."""
     import torch
 
     if not torch.cuda.is_available():
@@ -167,13 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(HEADER, flush=True)
     costs: list[Cost] = []
-    cases = [(c, _example(c.split(":", 1)[1], args.example_replays), args.example_replays) for c in EXAMPLE_CASES]
-    cases += [(c, _scenario(c, args.replays), args.replays) for c in SCENARIO_CASES]
-    for case, run, n in cases:
-        run(False)  # warm-up: the first run of a case pays for kernels loaded and memory pooled
-        costs.append(Cost.of(case, n, measure_rounds(run, args.rounds)))
+    cases = [(c, _example(c.split(":", 1)[1], example_replays), example_replays) for c in EXAMPLE_CASES]
+    cases += [(c, _scenario(c, replays), replays) for c in SCENARIO_CASES]
+    for case, once, n in cases:
+        once(False)  # warm-up: the first run of a case pays for kernels loaded and memory pooled
+        costs.append(Cost.of(case, n, measure_rounds(once, rounds)))
         print(costs[-1].line(), flush=True)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "sanitizer_cost": {"cases": [c.row() for c in costs]}}
@@ -181,6 +172,3 @@ def main(argv: list[str] | None = None) -> int:
     (out / "table.md").write_text("\n".join([HEADER, *(c.line() for c in costs)]) + "\n")
     return 0 if all(c.agrees for c in costs) else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,7 @@ streams, and pinned copies of `copy_mib` MiB issued back to back, each direction
 of its own; every stream keeps at most DEPTH items in flight, so the device stays busy and
 the queue never grows. It runs
 
-- in another process (`process = "separate"`, the default): `python -m harness.devices.pressure`,
+- in another process (`process = "separate"`, the default): `python -m harness.faults.contention`,
   a second CUDA context on the same GPU, time-sliced with the harness's as another tenant's
   would be. It says "ready" once each of its streams has finished one item, and stops on
   end-of-file on its stdin, SIGTERM, or its parent's death (PR_SET_PDEATHSIG on Linux; the
@@ -285,7 +285,7 @@ class OtherProcess(Contention):
 
     def __post_init__(self) -> None:
         assert self.spec is not None
-        argv = self.argv or [sys.executable, "-m", "harness.devices.pressure", "--device", str(self.device),
+        argv = self.argv or [sys.executable, "-m", "harness.faults.contention", "--device", str(self.device),
                              "--spec", json.dumps(as_plain(self.spec)), "--parent", str(os.getpid())]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
@@ -405,7 +405,7 @@ def _die_with_parent(parent: int | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.devices.pressure",
+    p = argparse.ArgumentParser(prog="python -m harness.faults.contention",
                                 description="the pressure fault's contention, until end-of-file on stdin")
     p.add_argument("--device", default="cuda")
     p.add_argument("--spec", default="{}", help="the Pressure record as JSON")

@@ -1,7 +1,7 @@
 """Happens-before between streams: one vector clock per stream.
 
 The model is PyTorch's `torch/cuda/_sanitizer.py` (StreamSynchronizations). The
-happens-before analyser (`harness.records.analysis`) uses it to find unordered pairs
+happens-before analyser (`harness.checkers.happens_before`) uses it to find unordered pairs
 in an op list. (The simulator needs none: it runs the ops in virtual time, where
 whatever is ordered is also later.)
 

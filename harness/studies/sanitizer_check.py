@@ -1,6 +1,6 @@
 """Cross-check the analyser against PyTorch's CUDA sanitizer, on a GPU.
 
-    python -m harness.frontends.sanitizer_check [--replays N]
+    fence-harness sanitizer check [--replays N]
 
 `torch.cuda._sanitizer` watches kernels launched from Python, so it sees the
 eager and breakable races and cannot see inside a graph replay. Each case runs in
@@ -12,10 +12,9 @@ sanitizer can see (no graph replay), 0 otherwise.
 
 from __future__ import annotations
 
-import argparse
-import json
-import subprocess
 import sys
+
+from harness.studies.children import answer, ask_child
 
 # (scenario of the default set, accessor waits on?)
 CASES = [
@@ -28,9 +27,9 @@ CASES = [
 
 def _one(name: str, waits: bool, replays: int) -> dict:
     from harness.devices.cuda import CudaDevice
+    from harness.input.scenario_file import default_files, load_files
     from harness.records.scenario import DelayWhere, Fault, FaultKind
     from harness.run.pipeline import run_scenario
-    from harness.run.scenario_file import default_files, load_files
 
     scenarios = {s.name: s for s in load_files(default_files())}
     scenario = scenarios[name].with_overrides(accessor="per_layer" if waits else "none")
@@ -55,28 +54,23 @@ def _one(name: str, waits: bool, replays: int) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.frontends.sanitizer_check", description=__doc__.splitlines()[0])
-    p.add_argument("--replays", type=int, default=3)
-    p.add_argument("--one", nargs=2, metavar=("NAME", "on|off"), help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.one:
-        print(json.dumps(_one(args.one[0], args.one[1] == "on", args.replays)))
-        return 0
+def one(name: str, waits: bool, replays: int) -> None:
+    """The child's side: run one case and print its row as the answer."""
+    answer(_one(name, waits, replays))
+
+
+def run(replays: int) -> int:
+    """Every case, each in a child process; prints the table row by row; the exit code."""
     # Each row prints as soon as its case is done, so a run cut short keeps the rows it has.
     print("| scenario | accessor waits | harness stale | analyser findings | sanitizer | agree |")
     print("| --- | --- | --- | --- | --- | --- |", flush=True)
     disagree = 0
     for name, waits in CASES:
-        proc = subprocess.run(
-            [sys.executable, "-m", "harness.frontends.sanitizer_check", "--replays", str(args.replays),
-             "--one", name, "on" if waits else "off"],
-            capture_output=True, text=True,
-        )
-        if proc.returncode:
-            print(f"{name} waits={waits}: failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+        got = ask_child(["sanitizer", "check", "--replays", str(replays), "--one", name, "on" if waits else "off"])
+        if got.value is None:
+            print(f"{name} waits={waits}: {got.error}", file=sys.stderr)
             return 2
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        r = got.value
         sees = r["backend"] != "full"  # the sanitizer cannot see into a graph replay
         agree = (r["findings"] > 0) == r["sanitizer_flags"]
         disagree += sees and not agree
@@ -84,7 +78,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['name']} | {'on' if r['waits'] else 'off'} | {r['stale']} | {r['findings']} | {verdict} "
               f"| {'yes' if agree else ('no' if sees else 'no (cannot see replays)')} |", flush=True)
     return 1 if disagree else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
