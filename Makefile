@@ -47,8 +47,8 @@ $(ENGINE_VENV)/.installed: pyproject.toml
 	touch $@
 
 test-engine: $(ENGINE_VENV)/.installed
-	$(EPY) -m pytest -q -m "not gpu" -p no:cacheprovider tests/test_engine_sglang.py tests/test_engine_matrix.py \
-		tests/test_engine_hybrid_releases.py
+	$(EPY) -m pytest -q -m "not gpu" -p no:cacheprovider tests/engines/test_sglang.py tests/frontends/test_engine_matrix.py \
+		tests/engines/test_hybrid_releases.py
 
 # Each release installed with pip --no-deps --target $(ENGINES_DIR)/sglang-VERSION beside the engine
 # venv (its deps: the `.[sglang]` extra), then run in its own process; one table, one results.json.
@@ -90,7 +90,7 @@ gpu-test:
 		--harness-scenarios $(wildcard scenarios/*.toml) --harness-mutants $(wildcard scenarios/mutants/*.toml)
 
 # Every scenario of scenarios/*.toml, the fidelity set and the kill matrix on the GPU, on a quiet
-# device (another process's work moves the timing races): tests/test_fidelity.py checks the
+# device (another process's work moves the timing races): tests/run/test_fidelity.py checks the
 # simulator against this file, which records the GPU, driver and torch it came from. The natural
 # set is for GPUs only (the simulator skips it), so there is nothing for the simulator to agree on.
 VERDICT_FILES = $(filter-out scenarios/natural.toml,$(wildcard scenarios/*.toml)) scenarios/fidelity/shared.toml \

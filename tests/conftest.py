@@ -1,6 +1,8 @@
 import pytest
 import torch
 
+from tests.support.paths import PLUGINS
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
@@ -14,16 +16,14 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def stuck_gate(monkeypatch) -> str:
     """The plugin path of a schedule that holds the gate where nothing will open it."""
-    from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent / "plugins"))
+    monkeypatch.syspath_prepend(str(PLUGINS))
     return "stuck_gate:schedule"
 
 
 @pytest.fixture
 def wayward(monkeypatch) -> str:
     """The module name of tests/plugins/wayward.py, importable: plugins right and wrong."""
-    from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent / "plugins"))
+    monkeypatch.syspath_prepend(str(PLUGINS))
     return "wayward"
