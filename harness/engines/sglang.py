@@ -31,9 +31,16 @@ import functools
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.records.errors import InputError
+
+if TYPE_CHECKING:
+    from harness.devices.base import Device
+    from harness.engines.engine import EngineLoader
+    from harness.protocol.counter import LoadCounter
+    from harness.protocol.layout import Layout
+    from harness.protocol.pools import HostPool, HybridPool
 
 CONTROLLER = "sglang.srt.managers.cache_controller"
 RUNNER = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner"
@@ -95,18 +102,18 @@ class Sglang:
     def runner_cls(self) -> type[Any]:
         return self.modules[RUNNER].PrefillCudaGraphRunner
 
-    def counter(self, dev, num_layers: int):
+    def counter(self, dev: Device, num_layers: int) -> LoadCounter:
         """The engine's own LayerDoneCounter, its events made on the harness's device."""
         self.bind(dev)
         return self.controller.LayerDoneCounter(num_layers)
 
-    def pools(self, dev, layout):
+    def pools(self, dev: Device, layout: Layout) -> HybridPool:
         """The engine's own device pools for the layout, behind the harness's pool interface."""
         from harness.engines.sglang_pools import EnginePools  # torch: not at the command line's start
 
         return EnginePools(self.modules, dev, layout)
 
-    def loader(self, dev, layout, pools, host):
+    def loader(self, dev: Device, layout: Layout, pools: HybridPool, host: HostPool) -> EngineLoader:
         """The engine's own load chain over its pools: `HiCacheController` for an attention-only
         model (`harness.engines.sglang_load`), `HybridCacheController` with the KV and Mamba
         host pools for a model with Mamba layers (`harness.engines.sglang_hybrid_load`)."""
@@ -119,11 +126,14 @@ class Sglang:
                            m[HOST_GROUP], m[STORAGE])
             return HybridLoad(mods, dev, layout, pools, host, self.controller.device_module)
         from harness.engines.sglang_load import EngineLoad  # torch: not at the command line's start
+        from harness.engines.sglang_pools import EnginePools
 
+        if not isinstance(pools, EnginePools):  # the chain copies into the engine's own pools alone
+            raise TypeError(f"the engine's load chain needs the engine's own pools, not {type(pools).__name__}")
         return EngineLoad(m[CONTROLLER], m[TRANSFER], m[HOST_MHA], dev, layout, pools.engine_kv_pool, host,
                           self.controller.device_module)
 
-    def bind(self, dev) -> None:
+    def bind(self, dev: Device) -> None:
         # LayerLoadingEvent reads the module-level device_module when it makes events and
         # when it waits: point it at this device (one scenario runs at a time).
         self.controller.device_module = DeviceModule(dev)

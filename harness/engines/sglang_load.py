@@ -180,7 +180,7 @@ class ChainLoad:
             self.op = None
         if op.index < 0:
             raise EngineContractBroken(f"{type(self.controller).__name__}.start_loading started no load op")
-        op.events = self.counter.events[op.index]
+        op.attach_events(self.counter.events[op.index])
         self.controller.ack_load_queue.clear()  # the scheduler's ack poll: the testbed's free-slot wait
         return op
 

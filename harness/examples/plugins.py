@@ -9,10 +9,9 @@ Point a scenario at them by path, as a user points at their own module:
 
 from __future__ import annotations
 
-from typing import Any
+from harness.api import FenceContext, LoadCounter, LoadOp
 
-from harness.protocol.fences import FenceContext
-from harness.protocol.schedules import LoadOp
+HARNESS_API = 2  # the plugin API these are written for (harness.api.API_VERSION)
 
 
 def every_layer_fence(ctx: FenceContext) -> None:
@@ -23,7 +22,7 @@ def every_layer_fence(ctx: FenceContext) -> None:
         ctx.forward.wait_event(event)
 
 
-def wait_for_whole_load(counter: Any, layer_id: int, pool: str) -> None:
+def wait_for_whole_load(counter: LoadCounter, layer_id: int, pool: str) -> None:
     """Every accessor waits for the whole load op, whatever layer it serves (correct, slower)."""
     counter.wait_until(counter.num_layers - 1)
 

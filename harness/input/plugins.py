@@ -6,10 +6,15 @@ working directory or the Python path). Resolving imports the module, finds the
 callable and checks that it can be called the way the harness calls it; every
 failure is an `InputError` (one line, exit 2) naming where the name came from.
 
-    fence(ctx: FenceContext) -> Runner | None             harness.protocol.fences (or a class
-                                                          with setup(s) and __call__(ctx))
-    accessor(counter, layer_id: int, pool: str) -> None   harness.protocol.accessors
-    schedule(op: LoadOp) -> None                          harness.protocol.schedules
+    fence(ctx: FenceContext) -> Runner | None
+    accessor(counter: LoadCounter, layer_id: int, pool: str) -> None
+    schedule(op: LoadOp) -> None
+
+(the types: `harness.api`). Each may instead be a class whose instances are called so: the
+harness makes one instance per scenario, with no arguments, so what an instance keeps is that
+scenario's alone; a fence class may also have `setup(s: FenceSetup)`, called once before anything
+is captured. A plugin module may declare the plugin API version it is written for
+(`HARNESS_API = 2`); another version is an InputError saying what changed since.
 
 A plugin is the user's code, so what it raises at run time is its own failure, not
 the harness's: a resolved plugin is wrapped so that an exception from it becomes a
@@ -31,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.records.errors import HarnessError, InputError, PluginError
+from harness.records.plugin_api import version_mismatch
 
 _SPEC_RE = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
 
@@ -108,6 +114,9 @@ def _load_plugin(kind: Kind, spec: str, source: str, key: str) -> Callable:
         raise InputError(
             source, key, f"importing {module_name!r} for {spec!r} failed: {type(e).__name__}: {e}"
         ) from None
+    why = version_mismatch(getattr(module, "HARNESS_API", None))
+    if why is not None:
+        raise InputError(source, key, f"plugin module {module_name!r} for {spec!r}: {why}")
     fn: Any = module
     for part in attr.split("."):
         fn = getattr(fn, part, None)
@@ -115,11 +124,17 @@ def _load_plugin(kind: Kind, spec: str, source: str, key: str) -> Callable:
             raise InputError(source, key, f"module {module_name!r} has no {attr!r} (from {spec!r})")
     if not callable(fn):
         raise InputError(source, key, f"{spec!r} is not callable; a {kind.value} is {info.signature}")
-    if kind is Kind.FENCE and inspect.isclass(fn):
-        # A strategy with set-up: instances are called, and set up once, so check both (with self).
+    if inspect.isclass(fn):
+        # A strategy class: made once per scenario with no arguments, its instances called; check
+        # both (with self), and a fence's set-up.
+        _check_signature(fn, 0, spec, f"a {kind.value} class is made with no arguments, once per scenario",
+                         source, key)
+        if not any("__call__" in vars(base) for base in fn.__mro__[:-1]):  # the class's own, not type's
+            raise InputError(source, key, f"class {spec!r} has no __call__; its instances are called as "
+                                          f"{info.signature}")
         _check_signature(fn.__call__, info.arity + 1, spec, f"a {kind.value} is called as {info.signature}",
                          source, key)
-        if hasattr(fn, "setup"):
+        if kind is Kind.FENCE and hasattr(fn, "setup"):
             _check_signature(fn.setup, 2, f"{spec}.setup", "a fence's setup is called as setup(s)",
                              source, key)
         return _guarded_class(fn, spec, kind)
@@ -139,11 +154,18 @@ def _check_signature(fn: Callable, arity: int, what: str, called: str, source: s
 
 
 class _Guarded:
-    """A plugin callable whose exceptions become a PluginError naming it."""
+    """A plugin callable whose exceptions become a PluginError naming it; its other attributes
+    (a schedule's `records_in_graph`, a strategy's own state) read through to it."""
 
     def __init__(self, fn: Callable, spec: str, role: str):
         self.fn, self.spec, self.role = fn, spec, role
         self.__name__ = getattr(fn, "__name__", spec)
+
+    def __getattr__(self, name: str) -> Any:
+        fn = self.__dict__.get("fn")
+        if fn is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(fn, name)
 
     def __call__(self, *args: Any) -> Any:
         try:
@@ -168,7 +190,7 @@ def _guarded_class(cls: type, spec: str, kind: Kind) -> Callable[[], Any]:
     return make
 
 
-def fence_for_scenario(fence: Callable) -> Callable:
-    """The fence (or schedule) one scenario runs: a strategy class (or a plugin's) gets a fresh
+def for_scenario(strategy: Callable) -> Callable:
+    """The fence, schedule or accessor one scenario runs: a strategy class (or a plugin's) gets a fresh
     instance, so what it keeps (its events, flags or captured graphs) is that scenario's alone."""
-    return fence() if inspect.isclass(fence) or getattr(fence, "makes_strategy", False) else fence
+    return strategy() if inspect.isclass(strategy) or getattr(strategy, "makes_strategy", False) else strategy

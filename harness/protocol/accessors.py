@@ -6,7 +6,8 @@ by the KV accessors (`pool == "kv"`) and the hybrid pool's Mamba accessor
 with the forward stream current: eagerly, and once while a graph is captured (a
 replay runs no Python, so no policy runs inside one; a wait on an external event
 made during capture becomes a wait node of the graph). `counter` is the
-`LayerDoneCounter` of pending loads. The engine's policy, `per_layer`, enqueues a
+`LoadCounter` of pending loads. A policy may be a class, made once per scenario with no
+arguments, whose instances are called so. The engine's policy, `per_layer`, enqueues a
 wait on that layer's load event through `counter.wait_until(layer_id)`, which does
 nothing when no load is pending.
 """
@@ -14,21 +15,22 @@ nothing when no load is pending.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-AccessorPolicy = Callable[[Any, int, str], None]
+from harness.protocol.counter import LoadCounter
+
+AccessorPolicy = Callable[[LoadCounter, int, str], None]
 
 
-def per_layer(counter: Any, layer_id: int, pool: str) -> None:
+def per_layer(counter: LoadCounter, layer_id: int, pool: str) -> None:
     """The engine's accessors: wait on the layer's load event."""
     counter.wait_until(layer_id)
 
 
-def no_waits(counter: Any, layer_id: int, pool: str) -> None:
+def no_waits(counter: LoadCounter, layer_id: int, pool: str) -> None:
     """Accessors that never wait (a control: eager then races as a full graph does)."""
 
 
-def kv_only(counter: Any, layer_id: int, pool: str) -> None:
+def kv_only(counter: LoadCounter, layer_id: int, pool: str) -> None:
     """Mutant: the KV accessors wait but the Mamba accessor does not."""
     if pool == "kv":
         counter.wait_until(layer_id)

@@ -6,10 +6,10 @@ right before the forward. It enqueues whatever waits it wants (it must not block
 the host unless that is the strategy: then through `ctx.host_wait`), and may return
 a runner to run this batch instead of the scenario's (None: the scenario's).
 
-A strategy that needs set-up is a class: the harness makes one instance per
-scenario and, before the runner captures anything, calls its `setup(s: FenceSetup)`
-once (it can add accessor waits, act on every load op's layer events, or prepare
-another runner).
+A strategy that needs set-up or state is a class: the harness makes one instance per
+scenario, with no arguments, and, before the runner captures anything, calls its
+`setup(s: FenceSetup)` once (it can add accessor waits, act on every load op's layer
+events, or prepare another runner). What an instance keeps is that scenario's alone.
 
 Correct strategies and known-bad ones (mutants, which the kill matrix proves the
 harness catches) sit in one registry; an engine adapter adds the engine's own
@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from harness.devices.base import Device, Event, Stream
 from harness.protocol.accessors import AccessorPolicy
+from harness.protocol.counter import LoadCounter
 from harness.protocol.loadback import RING
+from harness.protocol.pools import HybridPool
 from harness.protocol.schedules import LayerListener, LoadOp, LoadStarter
 from harness.records.scenario import Backend
 
@@ -61,7 +63,7 @@ class FenceContext:
     dev: Device
     forward: Stream
     load: Stream
-    counter: Any
+    counter: LoadCounter
     op: LoadOp | None
     runner: Runner
     replay: int
@@ -75,12 +77,15 @@ class FenceSetup:
     dev, forward, load, counter  as in FenceContext (no load is pending now)
     pool            the pools (`pool.kv`, `pool.mamba`)
     runner          `runner(backend)` builds and captures another runner on this scenario's
-                    model (`Backend.BREAKABLE`, `Backend.FULL`, `Backend.EAGER`)
+                    model (`Backend.BREAKABLE`, `Backend.FULL`, `Backend.EAGER`) now: its graphs
+                    hold the accessor waits added before the call (`add_wait`) and none added
+                    after it (a captured graph cannot change), so add waits first
     add_wait        `add_wait(policy)`: every pool accessor also runs `policy(counter,
                     layer_id, pool)`, eagerly and while the graph is captured (a wait on an
                     external event made then becomes a wait node of the graph)
     on_layer_loaded `on_layer_loaded(fn)`: every load op calls `fn(layer)` on the load
-                    stream right after it records that layer's event
+                    stream right after it records that layer's event (`LoadOp.complete`, the one
+                    way a layer completes, built-in schedules and plugins alike)
     on_load_start   `on_load_start(fn)`: every load op calls `fn()` on the scheduling (forward)
                     stream before it records its start event: ordered after the previous
                     batch's forward and before this batch's, and before the op's copies
@@ -89,8 +94,8 @@ class FenceSetup:
     dev: Device
     forward: Stream
     load: Stream
-    counter: Any
-    pool: Any
+    counter: LoadCounter
+    pool: HybridPool
     runner: Callable[[Backend], Runner]
     add_wait: Callable[[AccessorPolicy], None]
     on_layer_loaded: Callable[[LayerListener], None]

@@ -13,14 +13,17 @@ harness catches them. A user's own schedule is named in a scenario file as
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.devices.base import Device, Event, Gate, Stream
+from harness.devices.base import Device, Event, Gate, Graph, Stream
 from harness.faults.plan import FaultPlan
+from harness.protocol.counter import LoadCounter, LoadEventSet
 from harness.protocol.layout import Layout
 from harness.protocol.loadback import CopyPlan, LayerCopy
+from harness.records.plugin_api import removed_name
 from harness.records.scenario import LAYER_KINDS
 
 # Called with a layer index right after that layer's event is recorded (load stream current).
@@ -33,25 +36,26 @@ LoadStarter = Callable[[], None]
 
 @dataclass
 class LoadOp:
-    """One load op, as a schedule and a fence see it.
+    """One load op, as a schedule and a fence see it (`harness.api`).
 
-    Everything it enqueues goes on the current stream, which is the load stream
-    while a schedule runs (`stream`).
+    A schedule gets it with the load stream current, and enqueues the op's work there:
 
     dev       the device (`dev.delay`, `dev.copy_async`, `dev.Event` ...)
     stream    the load stream
-    events    this op's load-event set (`start_event`, `load_events[i]`, `finish_event`,
-              `complete(i)`): the harness's, or the engine's own under `engine = ...`
-    plan      plan[layer][chunk]: the `LayerCopy`s (dst, src, region) to enqueue
+    plan      plan[layer][chunk]: the `LayerCopy`s (dst, src, region, source) to enqueue
     fault     the `FaultPlan` of this replay (`pause(layer, chunk)` applies it)
     index     the op's slot in the counter's ring of 3 (the batch's consumer index)
     layout    where the batch lives: `layout.shape` (layers, sizes), `layout.requests`
     gate      a device gate the fault holds the stream on, or None (`hold()` applies it)
+
+    Its events are `start_event`, `load_events[i]` and `finish_event` (the harness's, or the
+    engine's own under `engine = ...`). A layer is done only through `complete(layer)`: it records
+    that layer's event and runs every `on_layer_loaded` listener, on the load stream.
     """
 
     dev: Device
     stream: Stream
-    events: Any
+    _events: LoadEventSet | None  # the set in the counter's ring; an engine's chain attaches it once started
     plan: CopyPlan
     fault: FaultPlan
     index: int
@@ -59,6 +63,20 @@ class LoadOp:
     gate: Gate | None = None
     listeners: Sequence[LayerListener] = ()
     held: bool = field(default=False, init=False)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names the class lacks: a name a plugin written for an older plugin API used.
+        raise removed_name("LoadOp", name)
+
+    def attach_events(self, events: LoadEventSet) -> None:
+        """The event set an engine's own chain picked once it started the op (`index`'s)."""
+        self._events = events
+
+    @property
+    def event_set(self) -> LoadEventSet:
+        if self._events is None:
+            raise RuntimeError("this load op has no event set yet: its chain has not started it")
+        return self._events
 
     # ---- what it is ---------------------------------------------------------------
     @property
@@ -77,24 +95,29 @@ class LoadOp:
 
     @property
     def start_event(self) -> Event:
-        return self.events.start_event
+        """Recorded on the scheduling stream before the schedule ran: the load stream's start wait."""
+        return self.event_set.start_event
 
     @property
     def load_events(self) -> list[Event]:
-        return self.events.load_events
+        """load_events[i]: recorded by `complete(i)`, after layer i's copies."""
+        return self.event_set.load_events
 
     @property
     def finish_event(self) -> Event:
         """The op's final event, `load_events[-1]`: what the engine's fence waits on."""
-        return self.events.finish_event
+        return self.event_set.finish_event
 
-    # ---- what a schedule does (each on the current stream) ----------------------
+    # ---- what a schedule does (each on the current stream, the load stream) ----------
     def wait_start(self) -> None:
         """The load stream waits on the start event (ordered after the scheduling stream)."""
         self.start_event.wait(self.stream)
 
     def hold(self) -> None:
-        """Hold the current stream on the gate (when the fault has one) until the host opens it."""
+        """Hold the current stream on the fault's gate until the host opens it, once per load op.
+
+        The gate holds one stream: the first call enqueues the hold and later calls in the same
+        op do nothing (the host opens the gate once, after the forward). With no gate, nothing."""
         if self.gate is not None and not self.held:
             self.gate.hold()
             self.held = True
@@ -116,10 +139,15 @@ class LoadOp:
                 self.copy(c)
 
     def complete(self, layer: int) -> None:
-        """Record layer `layer`'s load event on the current stream: its copies are done."""
-        self.events.complete(layer)
-        for listener in self.listeners:
-            listener(layer)
+        """Layer `layer` is loaded: record its load event, then run every `on_layer_loaded` listener.
+
+        Both on the load stream, whatever stream is current where it is called (inside a captured
+        load op, on the capture's stream, which stands for the load stream in the graph): a
+        listener's flag write or event record must follow that layer's copies in stream order."""
+        with contextlib.nullcontext() if self.dev.capturing else self.dev.stream(self.stream):
+            self.event_set.complete(layer)
+            for listener in self.listeners:
+                listener(layer)
 
 
 Schedule = Callable[[LoadOp], None]
@@ -192,21 +220,26 @@ class CapturedLoad:
 
     records_in_graph = True
 
+    def __init__(self) -> None:
+        # One graph per ring slot's event set and copy plan, this scenario's alone (a schedule class
+        # is made once per scenario). Keyed by identity, and holding both, so an id is never reused.
+        self.graphs: dict[tuple[int, int], tuple[LoadEventSet, CopyPlan, Graph]] = {}
+
     def __call__(self, op: LoadOp) -> None:
-        graphs = op.events.__dict__.setdefault("captured_loads", {})
-        # Keyed by the plan's identity, and holding the plan, so the id is never reused for another.
-        entry = graphs.get(id(op.plan))
+        key = (id(op.event_set), id(op.plan))
+        entry = self.graphs.get(key)
         if entry is None:
             # Captured before the gate is held: a capture synchronizes the device (CUDA), and a held
             # load stream would keep it waiting for the host that is capturing.
-            entry = graphs[id(op.plan)] = (op.plan, op.dev.capture(lambda: _copy_and_complete(op), warmup=0))
+            graph = op.dev.capture(lambda: _copy_and_complete(op), warmup=0)
+            entry = self.graphs[key] = (op.event_set, op.plan, graph)
         op.wait_start()
         op.hold()
         pause = sum(op.fault.pause_us(layer, chunk) for layer in range(op.num_layers)
                     for chunk in range(len(op.plan[layer])))
         if pause > 0:
             op.dev.delay(pause)
-        entry[1].replay()
+        entry[2].replay()
 
 
 def _copy_and_complete(op: LoadOp) -> None:
@@ -228,7 +261,7 @@ SCHEDULES: dict[str, Schedule | type] = {
 
 def start_loading(
     dev: Device,
-    counter: Any,
+    counter: LoadCounter,
     load_stream: Stream,
     plan: CopyPlan,
     fault: FaultPlan,

@@ -110,6 +110,12 @@ class PluginError(HarnessError):
     """
 
 
+class ApiChanged(PluginError, AttributeError):
+    """A plugin used a name of the plugin API that an API version removed or renamed (see
+    `harness.records.plugin_api`). The message names the replacement. An AttributeError too, so
+    `hasattr` and `getattr(obj, name, default)` still answer as they would for a missing name."""
+
+
 class EngineContractBroken(HarnessError):
     """An engine adapter's guard against a false clean did not hold: the engine's replay entry
     point did not load the batch, did not replay the harness's graph exactly once, or the host

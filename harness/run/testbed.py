@@ -8,11 +8,13 @@ import torch
 
 from harness.devices.base import Device
 from harness.engines import load_engine
+from harness.engines.engine import EngineLoader
 from harness.faults.plan import FaultPlan
-from harness.input.plugins import Kind, fence_for_scenario, resolve
+from harness.input.plugins import Kind, for_scenario, resolve
 from harness.model.runners import Runner, make_runner
 from harness.model.stack import HybridModel
 from harness.protocol.accessors import AccessorPolicy
+from harness.protocol.counter import LoadCounter
 from harness.protocol.fences import FenceSetup
 from harness.protocol.hazards import HAZARDS, HazardBed, make_hazard
 from harness.protocol.layout import plan_layout, prefix_regions
@@ -46,10 +48,10 @@ class Testbed:
         self.model = HybridModel(dev, layout, self.pool, s.seed, backup)
         n = layout.shape.num_layers
         # The engine's own load chain where it has one for this model: its counter and its load stream.
-        self.engine_load: Any = engine.loader(dev, layout, self.pool, self.host) if engine else None
-        self.schedule: Schedule = fence_for_scenario(resolve(Kind.SCHEDULE, s.schedule, s.source, "schedule"))
+        self.engine_load: EngineLoader | None = engine.loader(dev, layout, self.pool, self.host) if engine else None
+        self.schedule: Schedule = for_scenario(resolve(Kind.SCHEDULE, s.schedule, s.source, "schedule"))
         if self.engine_load is not None:
-            self.counter: Any = self.engine_load.counter
+            self.counter: LoadCounter = self.engine_load.counter
         else:
             in_graph = getattr(self.schedule, "records_in_graph", False)  # a load op captured as a graph
             self.counter = engine.counter(dev, n) if engine else LayerDoneCounter(dev, n, external=in_graph)
@@ -61,8 +63,8 @@ class Testbed:
         self.copies = plan_copies(layout, self.host, self.pool, chunks)
         self.listeners: list[LayerListener] = []  # called as each load op completes a layer
         self.starters: list[LoadStarter] = []  # called as each load op starts, on the scheduling stream
-        self.fence = fence_for_scenario(resolve(Kind.FENCE, s.fence, s.source, "fence"))
-        self.accessor: AccessorPolicy = resolve(Kind.ACCESSOR, s.accessor, s.source, "accessor")
+        self.fence = for_scenario(resolve(Kind.FENCE, s.fence, s.source, "fence"))
+        self.accessor: AccessorPolicy = for_scenario(resolve(Kind.ACCESSOR, s.accessor, s.source, "accessor"))
         targets = tuple(r for lid in range(n) for r in prefix_regions(layout, lid))
         self.writeback = WriteBack(dev, layout, self.pool, self.forward, backup) if backup is not None else None
         self.bed = HazardBed(dev, layout, self.pool, self.copies, targets, s.poison, s.seed, chunks, self.host,
@@ -73,7 +75,7 @@ class Testbed:
                    copies: CopyPlan | None = None) -> LoadOp:
         """Enqueue a load op (on the forward stream, as the engine does); the batch carries its index."""
         self._wait_for_free_slot()
-        if self._by_engine(schedule, copies):
+        if self.engine_load is not None and self._by_engine(schedule, copies):
             op = self.engine_load.start(plan, gate, self.listeners)
             self.counter.set_consumer(op.index)
             return op

@@ -1,9 +1,9 @@
 """Plugins a user might write, right and wrong, for the tests of what the harness does with them.
 
-They use only what the README documents for plugins.
+They use only the plugin API, `harness.api`.
 """
 
-from harness.protocol.schedules import layerwise
+from harness.api import layerwise
 
 # ---------------------------------------------------------------- correct, and unusual
 

@@ -229,7 +229,7 @@ def test_a_custom_schedule_controls_the_load_op():
             if layer == 2:
                 op.dev.delay(7.0)
             op.copy_layer(layer)
-            op.events.complete(layer)
+            op.complete(layer)
 
     b = bench()
     _, ops = load(b, schedule=late_layer_two)
