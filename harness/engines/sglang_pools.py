@@ -33,6 +33,7 @@ import torch
 
 from harness.devices.base import Device, dtype_of
 from harness.protocol.accessors import AccessorPolicy, per_layer
+from harness.protocol.counter import LoadCounter
 from harness.protocol.layout import Layout
 from harness.protocol.pools import HybridPool, KVPool, LayerTensors, MambaPool, _Waits
 from harness.records.errors import EngineContractBroken
@@ -129,7 +130,7 @@ class EnginePools(HybridPool):
         """What the engine's model runner holds as `token_to_kv_pool`."""
         return self.kv_pool
 
-    def set_waits(self, counter: Any, policies: Sequence[AccessorPolicy]) -> None:
+    def set_waits(self, counter: LoadCounter, policies: Sequence[AccessorPolicy]) -> None:
         self._counter, self._policies = counter, tuple(policies)
         self._apply()
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import Any
 
 from harness.devices.base import Device, Graph
 from harness.model.stack import HybridModel, Step
+from harness.protocol.counter import LoadCounter
 from harness.records.errors import HarnessError
 from harness.records.scenario import Backend
 
@@ -24,7 +24,7 @@ from harness.records.scenario import Backend
 class Runner(abc.ABC):
     backend: Backend
 
-    def __init__(self, dev: Device, model: HybridModel, counter: Any):
+    def __init__(self, dev: Device, model: HybridModel, counter: LoadCounter):
         self.dev = dev
         self.model = model
         self.counter = counter
@@ -99,7 +99,7 @@ RUNNERS: dict[Backend, type[Runner]] = {
 }
 
 
-def make_runner(backend: Backend, dev: Device, model: HybridModel, counter: Any) -> Runner:
+def make_runner(backend: Backend, dev: Device, model: HybridModel, counter: LoadCounter) -> Runner:
     """A runner of `backend`, its graphs captured (call with the forward stream current)."""
     runner = RUNNERS[backend](dev, model, counter)
     runner.prepare()

@@ -16,6 +16,7 @@ import torch
 
 from harness.devices.base import Device, dtype_of
 from harness.protocol.accessors import AccessorPolicy
+from harness.protocol.counter import LoadCounter
 from harness.protocol.layout import Layout
 
 
@@ -23,10 +24,14 @@ class _Waits:
     """The accessor wait policies in force, and the counter of pending loads they read."""
 
     def __init__(self) -> None:
-        self.counter: Any = None
+        self.counter: LoadCounter | None = None
         self.policies: tuple[AccessorPolicy, ...] = ()
 
     def __call__(self, layer_id: int, pool: str) -> None:
+        if self.counter is None:
+            if self.policies:  # a wait with no counter to wait through would be silently skipped
+                raise RuntimeError("accessor waits were added before the pools were given a load counter")
+            return
         for policy in self.policies:
             policy(self.counter, layer_id, pool)
 
@@ -110,7 +115,7 @@ class HybridPool:
         self.kv = KVPool(dev, layout, self._waits)
         self.mamba = MambaPool(dev, layout)
 
-    def set_waits(self, counter: Any, policies: Sequence[AccessorPolicy]) -> None:
+    def set_waits(self, counter: LoadCounter, policies: Sequence[AccessorPolicy]) -> None:
         """The counter of pending loads, and the wait policies every accessor runs, in order."""
         self._waits.counter = counter
         self._waits.policies = tuple(policies)
