@@ -2,7 +2,8 @@
 
     fence-harness report RESULTS.json [--out DIR]          summary.md, report.html, timeline traces
     fence-harness compare NEW.json BASELINE.json [--cost-threshold PCT]
-                                                           exit 1 on a regression, 0 otherwise
+                                                           exit 1 on a regression, 2 when the runs
+                                                           share nothing to compare, 0 otherwise
 
 Bad files raise InputError; the main CLI prints it as one line and exits 2.
 """
@@ -78,6 +79,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for warning in c.warnings:
         print(f"fence-harness: warning: {warning}", file=sys.stderr)
     print("\n".join(c.lines()))
+    if c.compared_nothing:
+        what = "scenario" if c.scenarios else "bench point"
+        print(f"fence-harness: compare: {args.new} and {args.baseline} share no {what}: nothing was compared",
+              file=sys.stderr)
+        return 2
     return 1 if c.regression else 0
 
 

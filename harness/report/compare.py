@@ -138,7 +138,8 @@ class RateChange:
 @dataclass
 class Comparison:
     new_races: list[str] = field(default_factory=list)          # race now, clean in the baseline
-    fixed_races: list[str] = field(default_factory=list)        # clean now, race in the baseline
+    fixed_races: list[str] = field(default_factory=list)        # clean now, race in the baseline, clean expected
+    lost_races: list[str] = field(default_factory=list)         # clean now, race in the baseline, race expected
     changed_evidence: list[str] = field(default_factory=list)   # "name: race (data, analysis) -> race (analysis)"
     changed_expectations: list[str] = field(default_factory=list)  # "name: race -> clean"
     newly_unmet: list[str] = field(default_factory=list)        # met in the baseline, not now
@@ -156,9 +157,19 @@ class Comparison:
         """The stale rates that differ between the runs by more than chance (p < 0.05)."""
         return [r for r in self.rate_tests if r.p_value < SIGNIFICANT]
 
+    shared: int = 0  # scenarios both runs hold
+    scenarios: int = 0  # scenarios either run holds
+    bench_compared: int = 0  # bench points both runs hold
+
     @property
     def regression(self) -> bool:
-        return bool(self.new_races or self.newly_unmet or self.cost_regressions)
+        return bool(self.new_races or self.lost_races or self.newly_unmet or self.cost_regressions)
+
+    @property
+    def compared_nothing(self) -> bool:
+        """The runs share no scenario though they hold some, or hold none and share no bench point:
+        "no regression" would mean nothing."""
+        return not self.shared and (self.scenarios > 0 or not self.bench_compared)
 
     def lines(self) -> list[str]:
         """The report `fence-harness compare` prints: non-empty sections, then the verdict."""
@@ -170,6 +181,7 @@ class Comparison:
                 out.extend(f"  {item}" for item in items)
 
         section("new races", self.new_races)
+        section("expected races no longer seen", self.lost_races)
         section("expectations met before, unmet now", self.newly_unmet)
         section("cost regressions", [str(c) for c in self.cost_regressions])
         section("fixed races", self.fixed_races)
@@ -182,7 +194,11 @@ class Comparison:
         section("only in the new run", self.only_in_new)
         section("only in the baseline", self.only_in_baseline)
         out.extend(f"note: {note}" for note in self.notes)
-        out.append("REGRESSION" if self.regression else "no regression")
+        if self.compared_nothing:
+            out.append("NOTHING COMPARED: the two runs share no scenario" if self.scenarios
+                       else "NOTHING COMPARED: the two runs share no bench point")
+        else:
+            out.append("REGRESSION" if self.regression else "no regression")
         return out
 
 
@@ -238,8 +254,8 @@ def compare(new_doc: dict, baseline_doc: dict, cost_threshold_pct: float = 10.0)
     old = {s["name"]: s for s in baseline_doc["scenarios"]}
     c.only_in_new = [n for n in new if n not in old]
     c.only_in_baseline = [n for n in old if n not in new]
-    if not any(n in old for n in new):
-        c.warnings.append("the two runs share no scenario: nothing to compare but the bench")
+    c.shared = sum(n in old for n in new)
+    c.scenarios = len(set(new) | set(old))
     for name in (n for n in new if n in old):
         _compare_scenario(name, new[name], old[name], limit, c)
     if limit is not None:
@@ -262,7 +278,9 @@ def _compare_scenario(name: str, s: dict, b: dict, limit: float | None, c: Compa
         c.new_races.append(f"{name}: clean -> race (stale {s['stale_replays']}/{s['replays']}, "
                            f"expected {s['expect']})")
     if s["observed"] == "clean" and b["observed"] == "race":
-        c.fixed_races.append(f"{name}: race -> clean (expected {s['expect']})")
+        # Clean where a race is expected is a race the harness stopped seeing, never a fix.
+        gone = c.lost_races if s["expect"] == "race" else c.fixed_races
+        gone.append(f"{name}: race -> clean (expected {s['expect']})")
     if s["expect"] != b["expect"]:
         c.changed_expectations.append(f"{name}: {b['expect']} -> {s['expect']}")
     if b["met"] and not s["met"]:
@@ -298,6 +316,7 @@ def _compare_bench(new_doc: dict, baseline_doc: dict, limit: float, c: Compariso
     base_points = {_bench_key(p): p for p in (baseline_doc.get("bench") or {}).get("points", [])}
     for p in (new_doc.get("bench") or {}).get("points", []):
         b = base_points.get(_bench_key(p))
+        c.bench_compared += b is not None
         if b and b["median_ms"] > 0 and p["median_ms"] > b["median_ms"] * (1 + limit):
             what = "bench {} L{} P{} {}".format(*_bench_key(p))
             c.cost_regressions.append(CostRegression(what, "median_ms", b["median_ms"], p["median_ms"]))

@@ -167,3 +167,15 @@ def test_the_main_cli_runs_them(pair, tmp_path, capsys):
     bad.write_text("[]")
     assert main(["report", str(bad)]) == 2
     assert capsys.readouterr().err.strip().endswith("expected a JSON object, got []")
+
+
+def test_compare_of_runs_that_share_nothing_exits_2_in_one_line(tmp_path, capsys):
+    doc = json.loads(FULL.read_text())
+    for s in doc["scenarios"]:
+        s["name"] = "other-" + s["name"]
+    doc["pairs"] = []
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(doc))
+    assert cli(["compare", str(other), str(FULL)]) == 2
+    out, err = capsys.readouterr()
+    assert "no regression" not in out and err.count("\n") == 1 and "nothing was compared" in err

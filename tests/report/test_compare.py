@@ -59,9 +59,17 @@ def test_a_race_on_a_fenced_scenario_is_a_regression():
 def test_a_race_no_longer_seen_is_listed_and_unmet():
     new = edited(**{RACY: dict(observed="clean", met=False, stale_replays=0, stale_rate=0.0)})
     c = compare(new, BASE)
-    assert c.fixed_races == [f"{RACY}: race -> clean (expected race)"]
+    # An expected race that went clean is a race no longer seen, never "fixed".
+    assert c.lost_races == [f"{RACY}: race -> clean (expected race)"] and not c.fixed_races
     assert c.newly_unmet == [f"{RACY}: expected race, observed clean"]
     assert c.regression and not c.new_races
+    assert "fixed races" not in "\n".join(c.lines()) and c.lines()[-1] == "REGRESSION"
+
+
+def test_a_race_fixed_where_clean_is_expected_is_a_fix():
+    new = edited(**{RACY: dict(observed="clean", met=True, stale_replays=0, stale_rate=0.0, expect="clean")})
+    c = compare(new, BASE)
+    assert c.fixed_races == [f"{RACY}: race -> clean (expected clean)"] and not c.lost_races
 
 
 def test_an_error_is_an_unmet_expectation():
@@ -149,7 +157,8 @@ def test_runs_with_nothing_in_common_say_so():
         s["name"] = "other-" + s["name"]
     c = compare(new, BASE)
     assert len(c.only_in_new) == len(c.only_in_baseline) == 12
-    assert c.warnings == ["the two runs share no scenario: nothing to compare but the bench"]
+    assert c.compared_nothing and c.shared == 0
+    assert c.lines()[-1].startswith("NOTHING COMPARED") and "no regression" not in c.lines()
 
 
 def test_a_different_environment_is_a_warning():
