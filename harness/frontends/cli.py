@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING
 
 from harness.engines import ENGINES
 from harness.frontends import engine_matrix, graph_check, sanitizer_commands, soak
-from harness.frontends.cli_args import device_arguments, interval_width, out_argument, positive_int
+from harness.frontends.cli_args import (
+    DEFAULT_FILES,
+    device_arguments,
+    interval_width,
+    out_argument,
+    positive_int,
+    selection_arguments,
+    version_text,
+)
 from harness.frontends.fence_commands import HANDLERS as FENCE_HANDLERS
 from harness.frontends.fence_commands import add_commands as add_fence_commands
 from harness.frontends.report_commands import HANDLERS as REPORT_HANDLERS
@@ -81,6 +89,7 @@ def _until(args: argparse.Namespace) -> Until | None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fence-harness", description=DESCRIPTION,
                                 epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=version_text())
     sub = p.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
     def common(sp: argparse.ArgumentParser) -> None:
@@ -92,10 +101,12 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--engine", choices=ENGINES,
                         help="run on an installed engine's own code (fences engine_execute, engine_execute_nowait)")
 
-    run = sub.add_parser("run", help="run scenario files (default: scenarios/*.toml)")
-    run.add_argument("files", nargs="*", type=Path, help="scenario TOML files")
+    run = sub.add_parser("run", help="run scenario files (default: the working directory's scenarios/*.toml, "
+                                     "else the bundled set)")
+    run.add_argument("files", nargs="*", type=Path, help=f"scenario TOML files (default: {DEFAULT_FILES})")
     out_argument(run)
     common(run)
+    selection_arguments(run)
     run.add_argument("--until-confidence", type=interval_width, metavar="W",
                      help="after each scenario's replays, keep replaying until its stale rate's 95%% interval "
                           "(Clopper-Pearson) is narrower than W, e.g. 0.05; at --max-replays it stops there, "
@@ -107,14 +118,18 @@ def _parser() -> argparse.ArgumentParser:
     repro = sub.add_parser("repro", help="run one scenario verbosely, replay by replay")
     repro.add_argument("name", help="scenario name")
     repro.add_argument("--file", dest="files", action="append", type=Path, default=[],
-                       help="scenario file(s) to look in (default: scenarios/*.toml)")
+                       help=f"scenario file(s) to look in (default: {DEFAULT_FILES})")
     repro.add_argument("--seed", type=int, help="override the scenario's seed")
     common(repro)
 
-    mutants = sub.add_parser("mutants", help="run the mutant kill matrix (default: scenarios/mutants/*.toml)")
-    mutants.add_argument("files", nargs="*", type=Path, help="kill-matrix scenario files")
+    mutants = sub.add_parser("mutants", help="run the mutant kill matrix (default: scenarios/mutants/*.toml, "
+                                             "the working directory's or the bundled one)")
+    mutants.add_argument("files", nargs="*", type=Path,
+                         help="kill-matrix scenario files (default: scenarios/mutants/*.toml of the working "
+                              "directory when it has any, else the bundled kill matrix)")
     out_argument(mutants)
     common(mutants)
+    selection_arguments(mutants)
     add_report_commands(sub)
     add_fence_commands(sub)
     soak.add_command(sub)
@@ -129,7 +144,11 @@ def _load(files: list[Path], args: argparse.Namespace, default: list[Path] | Non
     from harness.engines import load_engine
     from harness.input.scenario_file import default_files, load_files
 
-    scenarios = load_files(files or default or default_files())
+    paths = files or default or default_files()
+    if not paths:
+        raise InputError("scenario files", "", "none given and none found: no scenarios/*.toml here and no bundled "
+                                               "set installed; give files")
+    scenarios = select_by_keyword(load_files(paths), getattr(args, "keyword", None))
     overrides = {}
     for kind in Kind:
         name = getattr(args, kind.value, None)
@@ -175,14 +194,41 @@ def confidence_text(r: ScenarioResult) -> str:
             f"< {r.until.width:g}); the verdict stands on the replays made")
 
 
+def select_by_keyword(scenarios: list[Scenario], keyword: str | None) -> list[Scenario]:
+    """The scenarios `-k keyword` selects (all without one); none is an InputError naming -k."""
+    if keyword is None:
+        return scenarios
+    from harness.input.keyword import parse
+
+    chosen = [s for s in scenarios if parse(keyword).matches(s.name)]
+    if not chosen:
+        raise InputError("-k", "", f"{keyword!r} matches none of the {len(scenarios)} scenarios of "
+                                   f"{_sources(scenarios)}: nothing to run")
+    return chosen
+
+
+def runnable(scenarios: list[Scenario], device: str) -> tuple[list[Scenario], list[Scenario]]:
+    """(to run, skipped) on a device of this kind; none to run is an InputError: a run that tests
+    nothing must never pass."""
+    run = [s for s in scenarios if s.runs_on(device)]
+    if not run:
+        kinds = sorted({k for s in scenarios for k in (s.devices or ())})
+        raise InputError(_sources(scenarios), "devices", f"each of its {len(scenarios)} selected scenarios runs "
+                                                         f"only on {' / '.join(kinds)}; none runs on {device}")
+    return run, [s for s in scenarios if not s.runs_on(device)]
+
+
+def _sources(scenarios: list[Scenario]) -> str:
+    return ", ".join(sorted({s.source for s in scenarios}))
+
+
 def _run_all(scenarios: list[Scenario], dev: Device, args: argparse.Namespace,
              status: Callable[[ScenarioResult], str] | None = None) -> _Run:
     """Run each scenario, one line each; `status(result)` overrides the ok / FAIL column."""
     from harness.frontends.console import RunConsole, skip_lines
 
-    skipped = [s for s in scenarios if not s.runs_on(dev.name)]
-    run = _Run([s for s in scenarios if s.runs_on(dev.name)], RunConsole(),
-               [{"name": s.name, "why": s.skip_reason(dev.name)} for s in skipped])
+    chosen, skipped = runnable(scenarios, dev.name)
+    run = _Run(chosen, RunConsole(), [{"name": s.name, "why": s.skip_reason(dev.name)} for s in skipped])
 
     until = _until(args)
 
@@ -218,6 +264,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return run.partial(device, args.out)
     doc = build_results(run.results, device, run.started, time.time(), run.sections)
     path = write_results(args.out, doc)
+    args.results = (doc, path)  # for --json
     write_report(doc, args.out)
     run.console.finish(run.results, path)
     return 0 if all(r.met for r in run.results) else 1
@@ -225,11 +272,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_mutants(args: argparse.Namespace) -> int:
     from harness.devices import open_device
-    from harness.input.scenario_file import SCENARIO_DIR
+    from harness.input.scenario_file import default_mutant_files
     from harness.report.results import build_results, write_results
     from harness.run.mutants import Role, classify, matrix_ok, matrix_section
 
-    scenarios = _load(args.files, args, sorted((SCENARIO_DIR / "mutants").glob("*.toml")))
+    scenarios = _load(args.files, args, default_mutant_files())
     dev = open_device(args.device, args.sim_costs)
     device = dev.describe()
     run = _run_all(scenarios, dev, args, lambda r: f"{classify(r).outcome.value:8s}")
@@ -251,6 +298,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     clean = sum(r.ok for r in correct)
     doc = build_results(run.results, device, run.started, time.time(), {**run.sections, **section})
     path = write_results(args.out, doc)
+    args.results = (doc, path)  # for --json
     write_report(doc, args.out)
     print(f"{killed}/{len(mutants)} mutants killed, {clean}/{len(correct)} correct variants clean; "
           f"results: {path}")
@@ -332,12 +380,33 @@ def _command(args: argparse.Namespace) -> int:
     handlers = {"run": cmd_run, "repro": cmd_repro, "mutants": cmd_mutants, "soak": soak.cmd_soak,
                 "engine-matrix": engine_matrix.cmd_engine_matrix, "graph-check": graph_check.cmd_graph_check,
                 **REPORT_HANDLERS, **FENCE_HANDLERS, **sanitizer_commands.HANDLERS}
+    if getattr(args, "json", False):
+        return _with_json_summary(handlers[args.command], args)
     try:
         with signals_interrupt():
             return handlers[args.command](args)
     except HarnessError as e:
         print(f"fence-harness: {e}", file=sys.stderr)
         return e.exit_code
+
+
+def _with_json_summary(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """The command with what it prints for people on stderr, then its JSON summary alone on stdout."""
+    import contextlib
+
+    from harness.frontends.json_summary import dumps, summary
+
+    stdout, error = sys.stdout, None
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            with signals_interrupt():
+                code = handler(args)
+        except HarnessError as e:
+            print(f"fence-harness: {e}", file=sys.stderr)
+            code, error = e.exit_code, str(e)
+    doc, path = getattr(args, "results", (None, None))
+    print(dumps(summary(args.command, code, doc, path, error)), file=stdout, flush=True)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

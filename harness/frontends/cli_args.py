@@ -9,7 +9,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness import __version__
 from harness.records.device_settings import DEVICE_NAMES, SimCosts
+from harness.records.plugin_api import API_VERSION
+
+
+def version_text() -> str:
+    """What `fence-harness --version` prints."""
+    return f"fence-harness {__version__} (plugin API {API_VERSION})"
 
 
 def positive_int(text: str) -> int:
@@ -64,3 +71,16 @@ def device_arguments(sp: argparse.ArgumentParser) -> None:
                     help="seconds a replay may take before it is an error (default: %(default)g)")
     sp.add_argument("--sim-cost", dest="sim_costs", action="append", default=[], metavar="KEY=VALUE",
                     help=_sim_cost_help())
+
+
+DEFAULT_FILES = ("scenarios/*.toml of the working directory when it has any, else the set installed with "
+                 "the package (`fence-harness list scenarios` lists it)")
+
+
+def selection_arguments(sp: argparse.ArgumentParser) -> None:
+    """-k and --json, the same on every command that runs scenario files."""
+    sp.add_argument("-k", dest="keyword", metavar="EXPR",
+                    help="only scenarios whose names match EXPR, as pytest's -k: words (substrings of the name, "
+                         "any case) joined by and / or / not, e.g. -k 'full and not none'")
+    sp.add_argument("--json", action="store_true",
+                    help="print a JSON summary on stdout for scripts (the usual lines go to stderr)")

@@ -32,15 +32,15 @@ FENCE_MUTANTS = ("none", "first_event", "wrong_stream", "previous_op", "layerwis
 
 
 def race_scenarios() -> list[Scenario]:
-    from harness.input.scenario_file import SCENARIO_DIR, default_files, load_files
+    from harness.input.scenario_file import bundled_files, load_files
 
     # Only races whose defect is the fence (a write-back or staging race stays one under any fence),
     # and only the portable ones: a scenario for one kind of device only (the natural set's serving
     # shapes, minutes each on a GPU) would make every strategy pay its cost.
-    scenarios = [s for s in load_files(default_files())
+    scenarios = [s for s in load_files(bundled_files())
                  if s.expect is Expect.RACE and s.backend is Backend.FULL and s.fence in FENCE_MUTANTS
                  and s.devices is None]
-    matrix = load_files(sorted((SCENARIO_DIR / "mutants").glob("*.toml")))
+    matrix = load_files(bundled_files("mutants"))
     scenarios += [s for s in matrix if s.expect is Expect.RACE and s.fence in FENCE_MUTANTS
                   and s.schedule == "layerwise" and s.accessor == "per_layer"]
     return scenarios

@@ -59,7 +59,9 @@ from harness.records.scenario import (
     kv_slots_needed,
 )
 
-SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
+# The scenario sets that ship with the package (package data; in a checkout, `harness/scenarios` is a
+# link to the top-level `scenarios/`), so an installed wheel runs the same sets as the checkout.
+SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
 
 MAX_LAYERS = 256
 MAX_REPLAYS = 1_000_000
@@ -88,9 +90,22 @@ class _Invalid(Exception):
 # ---------------------------------------------------------------- public API
 
 
-def default_files() -> list[Path]:
-    """The repository's default scenario files, in a stable order."""
-    return sorted(SCENARIO_DIR.glob("*.toml"))
+def default_files(sub: str = "", cwd: Path | None = None) -> list[Path]:
+    """The scenario files a command runs when given none, in a stable order: `scenarios/<sub>/*.toml`
+    of the working directory when it has any (a project's own), else the bundled set's."""
+    own = sorted((Path(cwd or Path.cwd()) / "scenarios" / sub).glob("*.toml"))
+    return own or bundled_files(sub)
+
+
+def bundled_files(sub: str = "") -> list[Path]:
+    """The bundled set's files (`scenarios/<sub>/*.toml` of the package), whatever the working directory:
+    for what names its scenarios (the studies, the fence check)."""
+    return sorted((SCENARIO_DIR / sub).glob("*.toml"))
+
+
+def default_mutant_files(cwd: Path | None = None) -> list[Path]:
+    """The kill matrix's files when given none: `scenarios/mutants/*.toml`, as `default_files` finds them."""
+    return default_files("mutants", cwd)
 
 
 def load_files(paths: Iterable[str | Path]) -> list[Scenario]:

@@ -27,11 +27,11 @@ CASES = [
 
 def _one(name: str, waits: bool, replays: int) -> dict:
     from harness.devices.cuda import CudaDevice
-    from harness.input.scenario_file import default_files, load_files
+    from harness.input.scenario_file import bundled_files, load_files
     from harness.records.scenario import DelayWhere, Fault, FaultKind
     from harness.run.pipeline import run_scenario
 
-    scenarios = {s.name: s for s in load_files(default_files())}
+    scenarios = {s.name: s for s in load_files(bundled_files())}
     scenario = scenarios[name].with_overrides(accessor="per_layer" if waits else "none")
     if not waits:  # outlast the eager ops' host launch time, as the eager controls do
         scenario = scenario.with_overrides(fault=Fault(FaultKind.DELAY, 10_000.0, DelayWhere.FIRST))

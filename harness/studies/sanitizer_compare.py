@@ -46,9 +46,9 @@ CASES = [Case(f"example:{f}") for f in EXAMPLE_FENCES] + [Case(n) for n in SCENA
 def scenario_named(name: str) -> Scenario:
     """A default-set scenario by name; `<model>-full-layerwise_graph` is the final-event one with
     per-layer external waits captured in the graph instead."""
-    from harness.input.scenario_file import default_files, load_files
+    from harness.input.scenario_file import bundled_files, load_files
 
-    scenarios = {s.name: s for s in load_files(default_files())}
+    scenarios = {s.name: s for s in load_files(bundled_files())}
     if name not in scenarios and name.endswith("layerwise_graph"):
         base = scenarios[name.replace("layerwise_graph", "final_event")]
         return base.with_overrides(name=name, fence="layerwise_graph")
