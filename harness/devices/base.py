@@ -214,6 +214,9 @@ class Device(abc.ABC):
     def tracing(self) -> Iterator[Trace]:
         """Record every op enqueued inside the block, and time it (costly: not for the hot loop)."""
         trace = Trace()
+        # Streams made before the trace began keep their names in it (the forward, the load stream,
+        # a capture's side stream), so no row of it is an unnamed "streamN".
+        trace.stream_names.update({s.id: s.name for s in self._made_streams()})
         self._trace = trace
         try:
             yield trace

@@ -305,10 +305,36 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     return 0 if matrix_ok(rows) else 1
 
 
-def _describe_verdict(i: int, v: ReplayVerdict) -> str:
+class _ReplayLines:
+    """repro's replay lines: a replay whose verdict reads as the one before it prints nothing, and
+    the run of them is one line with its count once a different verdict (or the end) comes."""
+
+    def __init__(self) -> None:
+        self.text: str | None = None
+        self.first = self.last = -1
+
+    def add(self, i: int, v: ReplayVerdict) -> None:
+        text = _describe_verdict(v)
+        if text == self.text:
+            self.last = i
+            return
+        self.flush()
+        self.text, self.first, self.last = text, i, i
+        print(f"replay {i:4d}: {text}", flush=True)
+
+    def flush(self) -> None:
+        n = self.last - self.first
+        if n == 1:
+            print(f"replay {self.last:4d}: the same", flush=True)
+        elif n > 1:
+            print(f"replays {self.first + 1}-{self.last}: the same ({n} more)", flush=True)
+        self.first = self.last
+
+
+def _describe_verdict(v: ReplayVerdict) -> str:
     if not v.stale:
-        return f"replay {i:4d}: clean"
-    parts = [f"replay {i:4d}: STALE"]
+        return "clean"
+    parts = ["STALE"]
     if v.layers:
         parts.append(f"read layers {sorted(v.layers)} pools {sorted(v.pools)} "
                      f"slots {v.stale_reads}/{v.read_units} ({v.read_fraction:.0%})")
@@ -342,8 +368,9 @@ def cmd_repro(args: argparse.Namespace) -> int:
     if reason:
         raise InputError(s.source, f"scenario '{s.name}'", reason)
     print(f"device: {dev.name}  scenario: {s.name}  {s.describe()}  seed {s.seed}")
-    r = run_scenario(s, dev, replays=args.replays, timeout_s=args.timeout,
-                     on_replay=lambda i, v: print(_describe_verdict(i, v), flush=True))
+    lines = _ReplayLines()
+    r = run_scenario(s, dev, replays=args.replays, timeout_s=args.timeout, on_replay=lines.add)
+    lines.flush()
     if r.trace is not None:
         print(f"trace of the traced warm-up replay ({len(r.trace.ops)} ops):")
         for op in r.trace.ops:

@@ -240,9 +240,12 @@ def describe(op: Op, names: dict[StreamId, str], indent: str = "") -> str:
     if isinstance(op, HostSync):
         return f"{indent}host: synchronize"
     if isinstance(op, HostWait):
-        return f"{indent}host: saw event {op.event} complete"
+        return f"{indent}host: saw event {op.event} complete (a wait on it returned, or a query said done)"
     lines = [f"{indent}{name(op.stream)}: replay graph {op.graph} ({len(op.body)} captured ops)"]
-    lines += [describe(o, names, indent + "    ") for o in op.body]
+    # A captured op runs inside the replay, on the replaying stream: named by its graph, not by the
+    # side stream it was captured on.
+    inside = {sid: f"graph {op.graph}" for sid in {getattr(o, "stream", None) for o in op.body} if sid is not None}
+    lines += [describe(o, {**names, **inside}, indent + "    ") for o in op.body]
     return "\n".join(lines)
 
 

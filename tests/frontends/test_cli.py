@@ -84,11 +84,28 @@ def test_auto_picks_the_simulator_without_cuda(tiny, tmp_path, capsys, monkeypat
     assert "device: sim" in capsys.readouterr().out
 
 
-def test_repro_prints_each_replay_and_the_trace(tiny, capsys):
-    assert main(["repro", "tiny-full-none", "--file", str(tiny), "--device", "sim", "--replays", "2"]) == 0
+def test_repro_prints_each_verdict_once_with_its_count_and_the_trace(tiny, capsys):
+    assert main(["repro", "tiny-full-none", "--file", str(tiny), "--device", "sim", "--replays", "3"]) == 0
     out = capsys.readouterr().out
-    assert "replay    0: STALE" in out and "replay    1: STALE" in out
+    assert "replay    0: STALE" in out and "replay    1:" not in out and "replays 1-2: the same (2 more)" in out
     assert "load: H2D copy -> k[L0" in out and "replay graph" in out
+    # Every trace row is named for what runs it: no unnamed stream, a graph's ops by their graph.
+    assert "stream" not in "\n".join(ln.split(":")[0] for ln in out.splitlines() if ln.startswith("  "))
+    assert "      graph " in out
+
+
+def test_repro_keeps_a_change_of_verdict_in_its_place(capsys):
+    from harness.frontends.cli import _ReplayLines
+    from harness.run.oracle import ReplayVerdict
+
+    lines = _ReplayLines()
+    clean, stale = ReplayVerdict(0, 8), ReplayVerdict(2, 8, 2, frozenset({1}), frozenset({"k"}))
+    for i, v in enumerate([clean, clean, stale, clean, clean, clean]):
+        lines.add(i, v)
+    lines.flush()
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == ["replay    0: clean", "replay    1: the same"] and out[2].startswith("replay    2: STALE")
+    assert out[3:] == ["replay    3: clean", "replays 4-5: the same (2 more)"]
 
 
 def test_repro_unknown_name_suggests_and_exits_2(tiny, capsys):
