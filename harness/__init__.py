@@ -1,3 +1,5 @@
 """A GPU race harness for hierarchical-cache load-back and CUDA-graph prefill."""
 
-__version__ = "0.2.0"
+from harness.records.version import __version__
+
+__all__ = ["__version__"]

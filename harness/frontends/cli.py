@@ -182,9 +182,17 @@ class _Run:
         return {"skipped": self.skipped} if self.skipped else {}
 
     def partial(self, device: dict, out: Path, sections: dict | None = None) -> int:
-        return write_partial(self.stop, self.results, device, out, self.started,  # type: ignore[arg-type]
+        code = write_partial(self.stop, self.results, device, out, self.started,  # type: ignore[arg-type]
                              {**self.sections, **(sections or {}), "not_run": self.not_run}, len(self.results),
                              len(self.scenarios))
+        self.finished(out)  # the partial results.json says what the journal did
+        return code
+
+    def finished(self, out: Path) -> None:
+        """results.json is written: the journal of this run has served its purpose."""
+        from harness.report import journal
+
+        journal.clear(out)
 
 
 def confidence_text(r: ScenarioResult) -> str:
@@ -226,14 +234,22 @@ def _run_all(scenarios: list[Scenario], dev: Device, args: argparse.Namespace,
              status: Callable[[ScenarioResult], str] | None = None) -> _Run:
     """Run each scenario, one line each; `status(result)` overrides the ok / FAIL column."""
     from harness.frontends.console import RunConsole, skip_lines
+    from harness.report import journal
+    from harness.report.results import run_environment, scenario_entry
 
     chosen, skipped = runnable(scenarios, dev.name)
     run = _Run(chosen, RunConsole(), [{"name": s.name, "why": s.skip_reason(dev.name)} for s in skipped])
+    # Each finished scenario goes to the journal as it finishes: a run killed before it writes
+    # results.json (SIGKILL) still leaves them, for `fence-harness report DIR` to rebuild.
+    journal.clear(args.out)
+    log = journal.Journal(args.out, args.command)
+    log.start(run_environment(dev.describe()), run.started)
 
     until = _until(args)
 
     def done(r: ScenarioResult) -> None:
         run.results.append(r)
+        log.add(scenario_entry(r))
         run.console.scenario_done(r, status(r) if status else None)
         if r.until is not None and not r.confident and r.error is None:
             run.console.note(f"{r.scenario.name}: {confidence_text(r)}")
@@ -264,6 +280,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return run.partial(device, args.out)
     doc = build_results(run.results, device, run.started, time.time(), run.sections)
     path = write_results(args.out, doc)
+    run.finished(args.out)
     args.results = (doc, path)  # for --json
     write_report(doc, args.out)
     run.console.finish(run.results, path)
@@ -298,6 +315,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     clean = sum(r.ok for r in correct)
     doc = build_results(run.results, device, run.started, time.time(), {**run.sections, **section})
     path = write_results(args.out, doc)
+    run.finished(args.out)
     args.results = (doc, path)  # for --json
     write_report(doc, args.out)
     print(f"{killed}/{len(mutants)} mutants killed, {clean}/{len(correct)} correct variants clean; "

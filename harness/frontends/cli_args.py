@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness import __version__
 from harness.records.device_settings import DEVICE_NAMES, SimCosts
 from harness.records.plugin_api import API_VERSION
+from harness.records.version import __version__
 
 
 def version_text() -> str:

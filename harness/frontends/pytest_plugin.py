@@ -190,8 +190,23 @@ class _State:
     started: float = field(default_factory=time.time)  # the session's start
     parts_dir: Path | None = None  # controller under xdist: where workers write their parts
     report_path: Path | None = None
+    journal: Any = None  # harness.report.journal.Journal of this process, from its first result
+    worker_id: str | None = None  # an xdist worker's id ("gw0"); None: the controller
+    stopped_by: str | None = None  # "SIGTERM" once the session's SIGTERM handler ran
     _device: Any = None
     _description: dict | None = None
+
+    def record(self, name: str, result) -> None:
+        """A scenario item's result: kept for the report, and journaled at once (a session killed
+        before it ends writes no report; `fence-harness report DIR` rebuilds one from the journal)."""
+        from harness.report import journal
+        from harness.report.results import run_environment, scenario_entry
+
+        self.results[name] = result
+        if self.journal is None:
+            self.journal = journal.Journal(self.settings.report, self.worker_id or "main")
+            self.journal.start(run_environment(self.describe()), self.started)
+        self.journal.add(scenario_entry(result))
 
     def device(self):
         if self._device is None:
@@ -236,6 +251,25 @@ def settings(config: pytest.Config) -> Settings:
     return _state(config).settings
 
 
+def _sigterm_interrupts(state: _State) -> None:
+    """SIGTERM (a CI runner's limit, `timeout`) stops the session as Ctrl-C does: pytest then ends
+    it, and this plugin and pytest's JUnit writer still write what finished, marked partial.
+    A handler someone else set, or SIGTERM ignored, is left alone."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        from harness.records.errors import Interrupted
+
+        def interrupt(signum: int, frame: object) -> None:
+            state.stopped_by = signal.Signals(signum).name
+            raise Interrupted(signum)
+
+        signal.signal(signal.SIGTERM, interrupt)
+
+
 def pytest_load_initial_conftests() -> None:
     # Before any conftest can import and initialise CUDA.
     gpu_workers.pin_worker()
@@ -251,6 +285,13 @@ def pytest_configure(config: pytest.Config) -> None:
     paths = state.settings.scenarios + state.settings.mutants
     if not paths:
         return
+    workerinput = getattr(config, "workerinput", None)
+    state.worker_id = workerinput["workerid"] if workerinput is not None else None
+    if workerinput is None:  # the controller, before any worker starts: a new run, a new journal
+        from harness.report import journal
+
+        journal.clear(state.settings.report)
+    _sigterm_interrupts(state)
     from harness.input.scenario_file import load_files
     from harness.records.errors import InputError
 
@@ -334,7 +375,7 @@ class ScenarioItem(pytest.Item):
         except HarnessError as e:  # e.g. --harness-device cuda without CUDA: one line, no traceback
             pytest.fail(str(e), pytrace=False)
         result = run_scenario(self.scenario, dev, replays=state.settings.replays)
-        state.results[self.scenario.name] = result
+        state.record(self.scenario.name, result)
         self.user_properties.extend(junit_properties(result, state.describe(), state.gpu_uuid()))
         if self.kill_matrix:
             from harness.run.mutants import classify
@@ -549,19 +590,32 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             gpu_workers.write_part(Path(workerinput[PARTS_KEY]), workerinput["workerid"],
                                    state.gpu_uuid(), _own_part(state))
         return
+    from harness.report import journal
+
+    interrupted = (state.stopped_by or "SIGINT") if session.exitstatus == pytest.ExitCode.INTERRUPTED else None
     parts = []
-    if state.results or state.skipped:
+    if (state.results or state.skipped) and not interrupted:
         parts.append({**_own_part(state), "worker": "main", "gpu_uuid": state.gpu_uuid()})
     if state.parts_dir is not None:
         parts += gpu_workers.read_parts(state.parts_dir)
         shutil.rmtree(state.parts_dir, ignore_errors=True)
-    if not parts:
+    if interrupted:
+        # Workers stopped with the session write no part: every process's journal has what finished.
+        doc = journal.rebuild(state.settings.report)
+        if doc is None:
+            return
+        doc.update(interrupted=interrupted, rebuilt_from="journal",
+                   not_run=[s.name for s in state.scenarios if s.name not in {e["name"] for e in doc["scenarios"]}
+                            and s.name not in state.skipped])
+    elif not parts:
         return
+    else:
+        doc = gpu_workers.merge(parts, order=[s.name for s in state.scenarios], command=sys.argv)
     from harness.frontends.report_commands import append_step_summary, write_all
     from harness.report.results import write_results
 
-    doc = gpu_workers.merge(parts, order=[s.name for s in state.scenarios], command=sys.argv)
     state.report_path = write_results(state.settings.report, doc)
+    journal.clear(state.settings.report)
     try:  # summary.md, report.html and the timelines: a view of results.json, never its loss
         write_all(doc, state.settings.report)
         append_step_summary(state.settings.report / "summary.md")

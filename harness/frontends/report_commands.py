@@ -1,6 +1,9 @@
 """`fence-harness report` and `fence-harness compare`, and the writers `run` calls.
 
     fence-harness report RESULTS.json [--out DIR]          summary.md, report.html, timeline traces
+    fence-harness report DIR                               the same for DIR/results.json; where DIR holds
+                                                           the journal of a run that never finished,
+                                                           first a partial results.json rebuilt from it
     fence-harness compare NEW.json BASELINE.json [--cost-threshold PCT]
                                                            exit 1 on a regression, 2 when the runs
                                                            share nothing to compare, 0 otherwise
@@ -65,10 +68,37 @@ def append_step_summary(summary_path: Path) -> bool:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    doc = load(args.results)
-    for path in write_all(doc, args.out or Path(args.results).parent):
+    from harness.report import journal
+
+    given = Path(args.results)
+    if given.is_dir():
+        if journal.present(given):
+            rebuilt = _rebuild(given)
+            if rebuilt is not None:
+                given = rebuilt
+        given = given if given.is_file() else given / "results.json"
+    elif journal.present(given.parent):
+        print(f"fence-harness: note: {given.parent / journal.FOLDER} holds the journal of a run that never "
+              f"finished; `fence-harness report {given.parent}` rebuilds its results", file=sys.stderr)
+    doc = load(given)
+    for path in write_all(doc, args.out or given.parent):
         print(path)
     return 0
+
+
+def _rebuild(folder: Path) -> Path | None:
+    """results.json rebuilt, partial, from the journal of `folder`; the journal is kept (it is the
+    only record of that run until a finished run replaces it)."""
+    from harness.report import journal
+    from harness.report.results import write_results
+
+    doc = journal.rebuild(folder)
+    if doc is None:
+        return None
+    path = write_results(folder, doc)
+    print(f"fence-harness: rebuilt partial results of {len(doc['scenarios'])} finished scenarios from the journal "
+          f"of a run that never finished: {path}", file=sys.stderr)
+    return path
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -92,8 +122,10 @@ HANDLERS = {"report": cmd_report, "compare": cmd_compare}
 
 def add_commands(subparsers) -> dict:
     """Register `report` and `compare` on the main parser's subparsers; returns name -> handler."""
-    report = subparsers.add_parser("report", help="rebuild summary.md and report.html from a results.json")
-    report.add_argument("results", type=Path, metavar="RESULTS.json", help="a results.json")
+    report = subparsers.add_parser("report", help="rebuild summary.md and report.html from a results.json "
+                                                   "(or a killed run's journal)")
+    report.add_argument("results", type=Path, metavar="RESULTS.json|DIR",
+                        help="a results.json, or its folder: there a killed run's journal is rebuilt first")
     report.add_argument("--out", type=Path, metavar="DIR",
                         help="where the report goes (default: next to the results)")
     report.set_defaults(fn=cmd_report)

@@ -142,8 +142,9 @@ def write_partial(stop: Stop, results: list[ScenarioResult], device: dict, out: 
     (`not_run`, the kill matrix, the soak's counts), `finished` how many scenarios ran
     to the end (of `total`, when the command knew it). With nothing finished nothing is
     written, so the previous results.json stays as it was; otherwise the new one
-    replaces it whole (atomically). summary.md and report.html are not rebuilt here
-    (`fence-harness report` makes them from the file): a run being stopped should stop soon.
+    replaces it whole (atomically), with summary.md beside it (what CI shows of a job);
+    report.html is not rebuilt here (`fence-harness report` makes it from the file): a run
+    being stopped should stop soon.
     """
     from harness.report.results import build_results, write_results
 
@@ -151,12 +152,23 @@ def write_partial(stop: Stop, results: list[ScenarioResult], device: dict, out: 
         doc = build_results(results, device, started, time.time(),
                             {**sections, "partial": True, "interrupted": stop.why})
         path = write_results(out, doc)
+        _partial_summary(doc, out)
         of = f"{finished}/{total}" if total is not None else f"{finished}"
         kept = f"partial results of {of} scenarios: {path}"
     else:
         kept = f"no scenario finished; {out / 'results.json'} left as it was"
     print(f"fence-harness: {stop.reason}; {kept}", file=sys.stderr)
     return stop.exit_code
+
+
+def _partial_summary(doc: dict, out: Path) -> None:
+    from harness.frontends.report_commands import append_step_summary
+    from harness.report.summary import write_summary
+
+    try:
+        append_step_summary(write_summary(doc, out / "summary.md"))
+    except Exception as e:  # noqa: BLE001 - results.json is written; the summary is a view of it
+        print(f"fence-harness: warning: summary.md not written: {e}", file=sys.stderr)
 
 
 def write_report(doc: dict, out: Path) -> None:

@@ -202,30 +202,47 @@ def build_results(
     """The whole document; `sections` adds top-level parts (the kill matrix, a benchmark). `met`:
     what the summary counts as met where the scenarios' own verdicts are not what was checked
     (graph-check counts no replay), else the scenarios that met their expectation."""
+    entries = [scenario_entry(r) for r in results]
+    return build_document(entries, run_environment(device), started, finished, sections, met)
+
+
+def run_environment(device: dict) -> dict:
+    """The environment a document records: the device's own description, the host and NVML's view."""
     from harness.report.environment import collect_environment
+
+    return collect_environment({**device, "python": platform.python_version(), "host": platform.node(),
+                                "cpu": platform.processor() or platform.machine()})
+
+
+def build_document(
+    entries: list[dict], environment: dict, started: float, finished: float,
+    sections: dict | None = None, met: int | None = None,
+) -> dict:
+    """A document from scenario entries (`scenario_entry`, or read back from a journal)."""
     from harness.report.pairs import pairs
 
-    entries = [scenario_entry(r) for r in results]
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": uuid.uuid4().hex[:12],
         "git_commit": git_commit(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(finished)),
+        "started": stamp(started),
+        "finished": stamp(finished),
         "command": sys.argv,
-        "environment": collect_environment({**device, "python": platform.python_version(),
-                                            "host": platform.node(),
-                                            "cpu": platform.processor() or platform.machine()}),
+        "environment": environment,
         "summary": {
-            "scenarios": len(results),
-            "met": sum(r.met for r in results) if met is None else met,
-            "errors": sum(r.error is not None for r in results),
+            "scenarios": len(entries),
+            "met": sum(bool(e["met"]) for e in entries) if met is None else met,
+            "errors": sum(e["error"] is not None for e in entries),
         },
         "statistics": STATISTICS,
         "scenarios": entries,
         "pairs": pairs(entries),
         **(sections or {}),
     }
+
+
+def stamp(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -89,8 +89,9 @@ A document is one JSON object::
     skipped         (optional) [{name, why}]: scenarios of the files that this device does not run
                     (their `devices` leave it out), and why
     partial, interrupted, not_run
-                    (optional) a run cut short: true; "SIGINT" | "SIGTERM" | "device-lost";
-                    the names of the scenarios that did not finish
+                    (optional) a run cut short: true; "SIGINT" | "SIGTERM" | "device-lost", or
+                    "killed" for a document rebuilt from the run's journal (then rebuilt_from:
+                    "journal"); the names of the scenarios that did not finish
     each scenario may also carry worker and gpu_uuid (pytest plugin runs, merged over workers),
     finding_kinds {kind: count}, stale_pools, final_state_stale_replays, output_only_replays,
     mean_stale_slot_fraction.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -367,3 +368,60 @@ def test_xdist_workers_pin_one_gpu_each_and_merge_one_report(pytester, monkeypat
     assert all(e["gpu_uuid"] is None for e in doc["scenarios"])  # the simulator is no GPU
     assert doc["summary"] == {"scenarios": 4, "met": 3, "errors": 0}
     assert not list((pytester.path / "tmp").iterdir())  # the parts are gone once merged
+
+
+# ---------------------------------------------------------------- a session cut short
+
+STOPPER = '''
+import os, signal, time
+
+def term(op):
+    os.kill(os.getpid(), signal.SIGTERM)  # as a CI runner's limit sends it
+    time.sleep(30)
+
+def kill(op):
+    os.kill(os.getpid(), signal.SIGKILL)  # no handler runs: only the journal is left
+'''
+
+CUT = TINY + '''
+[[scenario]]
+name = "tiny-stops-here"
+backend = "full"
+fence = "final_event"
+schedule = "stopper:{how}"
+expect = "clean"
+
+[[scenario]]
+name = "tiny-after"
+backend = "full"
+fence = "final_event"
+expect = "clean"
+'''
+
+
+@pytest.mark.parametrize("how", ["term", "kill"])
+def test_a_session_cut_short_leaves_a_partial_report_of_what_finished(pytester, how):
+    pytester.makepyfile(stopper=STOPPER)
+    pytester.makefile(".toml", cut=CUT.replace("{how}", how))
+    result = pytester.runpytest_subprocess(*PLUGIN, "-p", "no:cacheprovider", "--harness-device", "sim",
+                                           "--harness-scenarios", "cut.toml", "--harness-report", "out",
+                                           "--junitxml", "junit.xml", timeout=300)
+    out = pytester.path / "out"
+    finished = ["tiny-full-none", "tiny-full-final_event"]
+    if how == "term":
+        assert result.ret == pytest.ExitCode.INTERRUPTED
+        doc = json.loads((out / "results.json").read_text())
+        assert doc["interrupted"] == "SIGTERM" and doc["not_run"] == ["tiny-stops-here", "tiny-after"]
+        cases = {c.get("name") for c in ET.parse(pytester.path / "junit.xml").iter("testcase")}
+        assert set(finished) <= cases  # pytest's own JUnit writer wrote what finished
+        assert "tiny-full-none" in (out / "summary.md").read_text()
+        assert not (out / "journal").exists()  # the report says what the journal did
+    else:
+        assert result.ret == -signal.SIGKILL and not (out / "results.json").exists()
+        from harness.frontends.cli import main
+
+        assert main(["report", str(out)]) == 0
+        doc = json.loads((out / "results.json").read_text())
+        assert doc["interrupted"] == "killed"
+    assert doc["partial"] is True and doc["rebuilt_from"] == "journal"
+    assert [s["name"] for s in doc["scenarios"]] == finished and all(s["met"] for s in doc["scenarios"])

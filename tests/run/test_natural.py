@@ -13,7 +13,7 @@ import pytest
 # process (report tests on the same xdist worker).
 import harness.report.plots  # noqa: F401
 from harness.frontends.cli import main
-from harness.input.scenario_file import SCENARIO_DIR, load_file
+from harness.input.scenario_file import SCENARIO_DIR, default_files, load_file
 from tests.support.paths import ROOT
 
 NATURAL = SCENARIO_DIR / "natural.toml"
@@ -45,19 +45,23 @@ def test_run_on_the_simulator_skips_what_is_for_gpus_and_says_so(mixed, tmp_path
     assert "1 scenario skipped: runs only on cuda" in (out / "report.html").read_text()
 
 
-def test_the_natural_set_alone_on_the_simulator_runs_nothing_and_exits_0(tmp_path, capsys):
+def test_the_natural_set_alone_on_the_simulator_selects_nothing_and_exits_2(tmp_path, capsys):
+    # A run that tests nothing is an error, never a green run: every scenario of the file is skipped here.
     out = tmp_path / "r"
-    assert main(["run", str(NATURAL), "--device", "sim", "--out", str(out)]) == 0
-    doc = json.loads((out / "results.json").read_text())
-    assert doc["scenarios"] == [] and len(doc["skipped"]) == len(load_file(NATURAL))
-    assert f"skipped {len(load_file(NATURAL))} of {NATURAL}" in capsys.readouterr().out
+    assert main(["run", str(NATURAL), "--device", "sim", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"fence-harness: {NATURAL}: devices: each of its {len(load_file(NATURAL))} selected scenarios "
+                   f"runs only on cuda; none runs on sim"]
+    assert not (out / "results.json").exists()
 
 
 def test_repro_of_a_gpu_scenario_on_the_simulator_is_one_line_exit_2(capsys):
     assert main(["repro", "natural-mha8-2k-full-none", "--device", "sim"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"fence-harness: {NATURAL}: scenario 'natural-mha8-2k-full-none': runs only on cuda "
-                   f"(devices in {NATURAL}), not on sim"]
+    # repro reads the working directory's scenarios/ (this checkout's), the file it names is that one.
+    natural = next(p for p in default_files() if p.name == "natural.toml")
+    assert err == [f"fence-harness: {natural}: scenario 'natural-mha8-2k-full-none': runs only on cuda "
+                   f"(devices in {natural}), not on sim"]
 
 
 def test_the_strategy_check_leaves_out_what_runs_on_one_device_only():

@@ -311,7 +311,31 @@ def test_an_interrupt_keeps_the_finished_scenarios_as_a_partial_report(tmp_path,
     assert doc["partial"] is True and doc["interrupted"] == sig.name
     assert [s["name"] for s in doc["scenarios"]] == ["first"] and doc["scenarios"][0]["met"]
     assert doc["not_run"] == ["long", "third"]
-    assert sorted(p.name for p in out.iterdir()) == ["results.json"]  # no temporary left behind
+    # No temporary left behind, and no journal: the partial results.json says what it did.
+    assert sorted(p.name for p in out.iterdir()) == ["results.json", "summary.md"]
+    assert "first" in (out / "summary.md").read_text()
+
+
+def test_a_run_killed_with_sigkill_leaves_a_journal_that_report_rebuilds(tmp_path, capsys):
+    from harness.frontends.cli import main
+
+    path = scenario_file(tmp_path, "first", "second", "long", extra={"long": LONG})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text(OLD_REPORT)
+    proc, lines = start(path, out)
+    wait_for_line(proc, lines, "second")  # two scenarios finished; the third never will
+    proc.kill()  # SIGKILL: no handler runs, nothing is written at the end
+    proc.wait(timeout=60)
+    assert json.loads((out / "results.json").read_text()) == json.loads(OLD_REPORT)  # what SIGKILL leaves
+    assert main(["report", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "rebuilt partial results of 2 finished scenarios from the journal" in err
+    doc = results(out)
+    assert doc["partial"] is True and doc["interrupted"] == "killed" and doc["rebuilt_from"] == "journal"
+    assert [s["name"] for s in doc["scenarios"]] == ["first", "second"] and all(s["met"] for s in doc["scenarios"])
+    assert doc["environment"]["device"] == "sim" and "run" in doc["command"]
+    assert (out / "report.html").is_file() and (out / "summary.md").is_file()
 
 
 def test_an_interrupt_before_anything_finished_leaves_the_old_report(tmp_path):
