@@ -5,8 +5,11 @@
 # make engine-pack   .engines/carry: releases 0.5.22 and 0.5.23 for a GPU host with no package index
 # make run       the default scenario set: on the GPU when torch sees one, else on the CPU simulator
 #                (which skips the natural set's serving shapes, scenarios/natural.toml)
-# make gpu-test  GPU tests + every default scenario as a test item + the mutant kill matrix, on a
-#                runner that already has torch (no install step)
+# make gpu-test  the pull-request gate: GPU tests + every scenario of the default, faults and
+#                write-back sets as a test item + the mutant kill matrix, on a runner that already
+#                has torch (no install step)
+# make gpu-nightly  what the gate leaves out: soaks, the natural set, the kill matrix at 1,000
+#                replays, the bench sweep, the sanitizer studies
 # make bench     fence strategies: correctness on every race scenario, then their cost; then how fast
 #                the harness checks replays against the device time of what it checks; then what
 #                harness.sanitizer costs per replay (GPU only)
@@ -17,9 +20,11 @@ VPY       := $(VENV)/bin/python
 REPORTS   ?= reports
 # The interpreter of a GPU runner: its own torch, nothing installed.
 PYTHON    ?= python3
-HAS_TORCH := $(shell $(PYTHON) -c 'import torch' >/dev/null 2>&1 && echo yes)
+# find_spec, not import: importing torch takes seconds, on every make command.
+HAS_TORCH := $(shell $(PYTHON) -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)' \
+	>/dev/null 2>&1 && echo yes)
 
-.PHONY: test test-engine engine-matrix engine-pack run gpu-test gpu-verdicts bench clean
+.PHONY: test test-engine engine-matrix engine-pack run gpu-test gpu-nightly gpu-verdicts bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -76,18 +81,50 @@ endif
 # One pytest worker per GPU (pytest-xdist, when the runner has it and more than one GPU): workers
 # sharing one GPU share its timing, and race rates move. worksteal: an idle worker takes items
 # from a busy one, so one slow scenario does not leave the other GPUs idle at the end.
-GPU_WORKERS = $(shell PYTHONPATH=. $(PYTHON) -m harness.frontends.gpu_workers count 2>/dev/null || echo 1)
+# The GPUs CUDA_VISIBLE_DEVICES leaves (else every GPU nvidia-smi lists), counted without starting
+# Python: the plugin pins each worker to one (harness/frontends/gpu_workers.py).
+GPU_WORKERS = $(shell if [ -n "$$CUDA_VISIBLE_DEVICES" ]; then echo "$$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .; \
+	else nvidia-smi -L 2>/dev/null | grep -c '^GPU'; fi)
 XDIST       = $(shell [ $(GPU_WORKERS) -gt 1 ] && $(PYTHON) -c 'import xdist' 2>/dev/null && echo -p xdist -n $(GPU_WORKERS) --dist worksteal)
 
-# One pytest session: the GPU tests, one test item per scenario of the default set, and one per
-# variant of the mutant kill matrix (the plugin's --harness-mutants), spread over the GPUs as one
-# pool of items. It writes results.json (the kill matrix as its mutants section), summary.md and
-# junit.xml, and appends summary.md to $GITHUB_STEP_SUMMARY when set, whether or not it passed.
+# The pull-request gate, one pytest session: every GPU test but the nightly ones, one test item per
+# scenario of the default, faults and write-back sets, and one per variant of the mutant kill matrix
+# (--harness-mutants), each with the graph check inside, spread over the GPUs as one pool of items.
+# GATE_REPLAYS replays per scenario item, by what an item must show (tests/support/replays.py says
+# why): a race under the gate shows in every replay, and 30 clean replays bound a missed wait's
+# per-replay rate below 10% at 95% confidence; the analysis and the graph check prove the ordering
+# whatever the timing. It writes results.json (the kill matrix as its mutants section), summary.md and
+# junit.xml (partial, if stopped), and appends summary.md to $GITHUB_STEP_SUMMARY when set.
+# GPU_TEST_ARGS: more pytest arguments (a CI matrix's --harness-shard K/N, say).
+GATE_REPLAYS  ?= 30
+GATE_SETS     = $(filter-out scenarios/natural.toml,$(wildcard scenarios/*.toml))
+GPU_TEST_ARGS ?=
+# The GPU tests live in tests/gpu, but for the replay model's, which runs on both devices.
+GATE_TESTS    = tests/gpu tests/run/test_replay_model.py
 gpu-test:
 	mkdir -p $(REPORTS)
-	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu -p no:cacheprovider -p harness.frontends.pytest_plugin $(XDIST) \
-		--junitxml=$(REPORTS)/junit.xml --harness-device cuda --harness-report $(REPORTS) \
-		--harness-scenarios $(wildcard scenarios/*.toml) --harness-mutants $(wildcard scenarios/mutants/*.toml)
+	PYTHONPATH=. $(PYTHON) -m pytest -q -m "gpu and not nightly" -p no:cacheprovider -p harness.frontends.pytest_plugin \
+		$(XDIST) --junitxml=$(REPORTS)/junit.xml --harness-device cuda --harness-report $(REPORTS) \
+		--harness-replays $(GATE_REPLAYS) --harness-scenarios $(GATE_SETS) \
+		--harness-mutants $(wildcard scenarios/mutants/*.toml) $(GPU_TEST_ARGS) $(GATE_TESTS)
+
+# What moved out of the gate, each part writing its results and report under $(NIGHTLY):
+# the nightly GPU tests (1,000-replay soaks, PyTorch's sanitizer on the harness); every scenario
+# of scenarios/*.toml, the natural set at serving shapes included, at each scenario's own replay count;
+# the kill matrix at 1,000 replays; the fence bench sweep and the sanitizer studies; the release
+# matrix from a pack when .engines/carry is there (make engine-pack makes it on a host with an index).
+NIGHTLY ?= $(REPORTS)/nightly
+gpu-nightly:
+	mkdir -p $(NIGHTLY)
+	PYTHONPATH=. $(PYTHON) -m pytest -q -m "gpu and nightly" -p no:cacheprovider -p harness.frontends.pytest_plugin \
+		$(XDIST) --junitxml=$(NIGHTLY)/junit.xml --harness-device cuda --harness-report $(NIGHTLY)/tests tests/gpu
+	PYTHONPATH=. $(PYTHON) -m harness run --device cuda --out $(NIGHTLY)/run
+	PYTHONPATH=. $(PYTHON) -m harness mutants --device cuda --replays 1000 --out $(NIGHTLY)/mutants
+	$(MAKE) bench REPORTS=$(NIGHTLY)
+	PYTHONPATH=. $(PYTHON) -m harness sanitizer compare --log $(NIGHTLY)/sanitizer-compare.log \
+		> $(NIGHTLY)/sanitizer-compare.txt; rc=$$?; cat $(NIGHTLY)/sanitizer-compare.txt; exit $$rc
+	PYTHONPATH=. $(PYTHON) -m harness sanitizer check > $(NIGHTLY)/sanitizer-check.txt; \
+		rc=$$?; cat $(NIGHTLY)/sanitizer-check.txt; exit $$rc
 
 # Every scenario of scenarios/*.toml, the fidelity set and the kill matrix on the GPU, on a quiet
 # device (another process's work moves the timing races): tests/run/test_fidelity.py checks the

@@ -20,7 +20,7 @@ import torch
 
 from harness.checkers.graph import GraphCheck, check_graphs
 from harness.checkers.happens_before import Finding, find_races
-from harness.devices.base import Device, Gate, collector_paused
+from harness.devices.base import Device, Gate, collector_paused, freeze_startup_heap
 from harness.faults.contention import Contention, contention
 from harness.faults.plan import sweep_points
 from harness.model.runners import Runner
@@ -130,6 +130,7 @@ def run_scenario(
 ) -> ScenarioResult:
     """One scenario on `dev`; with `counted=False`, everything up to and including the graph check
     and no counted replay (and no pressure fault's contention: nothing it could slow is timed)."""
+    freeze_startup_heap()  # before t0: once per process, not this scenario's time
     result = ScenarioResult(scenario, until=until)
     t0 = time.perf_counter()
     gate: Gate | None = None

@@ -10,6 +10,7 @@ from harness.records.scenario import Expect, Fault, FaultKind
 from harness.run.mutants import Role, classify, matrix_ok
 from harness.run.pipeline import run_scenario
 from harness.run.testbed import Testbed
+from tests.support.replays import GATE_REPLAYS
 
 pytestmark = pytest.mark.gpu
 
@@ -24,6 +25,7 @@ def cuda():
     return CudaDevice()
 
 
+@pytest.mark.nightly  # the gate runs every variant as an item (--harness-mutants); this adds "every replay"
 def test_kill_matrix_every_mutant_caught_in_the_data_and_every_correct_variant_clean(cuda):
     rows = [classify(run_scenario(s, cuda, replays=50)) for s in MATRIX]
     assert matrix_ok(rows), [(r.name, r.outcome.value, r.error) for r in rows if not r.ok]
@@ -33,10 +35,10 @@ def test_kill_matrix_every_mutant_caught_in_the_data_and_every_correct_variant_c
 
 
 def test_gate_makes_full_none_stale_in_every_replay_and_the_fence_clean(cuda):
-    race = run_scenario(FAULTS["gate-full-none"], cuda, replays=200)
+    race = run_scenario(FAULTS["gate-full-none"], cuda, replays=GATE_REPLAYS)
     assert race.fault_mode == "gate (cuStreamWaitValue32)"
-    assert race.tally.stale_replays == 200, race.tally
-    fenced = run_scenario(FAULTS["gate-full-final_event"], cuda, replays=200)
+    assert race.tally.stale_replays == GATE_REPLAYS, race.tally
+    fenced = run_scenario(FAULTS["gate-full-final_event"], cuda, replays=GATE_REPLAYS)
     assert fenced.error is None and fenced.tally.stale_replays == 0
 
 
@@ -46,8 +48,8 @@ def test_chunked_staleness_is_whole_chunks_late_in_copy_order(cuda):
     b = Testbed(s, cuda)
     chunks = plan_copies(b.layout, b.host, b.pool, 4)
     verdicts = []
-    r = run_scenario(s, cuda, replays=100, on_replay=lambda i, v: verdicts.append(v))
-    assert r.error is None and r.tally.stale_replays == 100
+    r = run_scenario(s, cuda, replays=GATE_REPLAYS, on_replay=lambda i, v: verdicts.append(v))
+    assert r.error is None and r.tally.stale_replays == GATE_REPLAYS
     for v in verdicts:
         for layer, pieces, stale in stale_by_chunk(v.slots, chunks):
             # The stale slots are the late chunks: fresh chunks, at most one chunk caught in
@@ -77,8 +79,8 @@ def test_without_cuda_bindings_the_gate_falls_back_to_a_long_delay_and_says_so(c
 
 
 def test_sweep_detection_rises_to_certainty_and_fenced_stays_clean(cuda):
-    race = run_scenario(FAULTS["sweep-full-none"], cuda, replays=50)
+    race = run_scenario(FAULTS["sweep-full-none"], cuda, replays=GATE_REPLAYS)
     assert [p.us for p in race.sweep] == [0, 5, 20, 50, 200, 1000]
     assert race.sweep[-1].tally.stale_rate == 1.0
-    fenced = run_scenario(FAULTS["sweep-full-final_event"], cuda, replays=50)
+    fenced = run_scenario(FAULTS["sweep-full-final_event"], cuda, replays=GATE_REPLAYS)
     assert fenced.tally.stale_replays == 0 and fenced.scenario.expect is Expect.CLEAN

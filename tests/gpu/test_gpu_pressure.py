@@ -15,6 +15,7 @@ from harness.input.scenario_file import SCENARIO_DIR, load_file
 from harness.records.rates import Rate, exact_test
 from harness.records.scenario import Fault, FaultKind, Pressure, PressureProcess
 from harness.run.pipeline import run_scenario
+from tests.support.replays import GATE_REPLAYS
 
 pytestmark = pytest.mark.gpu
 
@@ -56,7 +57,7 @@ def test_the_contention_runs_on_the_gpu_and_stops(cuda, process):
 @pytest.mark.parametrize("name", ["natural-mha8-2k-pressure-full-layerwise_graph",
                                   "natural-mha8-2k-idle-pressure-full-final_event"])
 def test_a_correct_fence_is_clean_under_pressure(cuda, name):
-    r = run_scenario(NATURAL[name], cuda, replays=200)
+    r = run_scenario(NATURAL[name], cuda, replays=GATE_REPLAYS)
     assert r.error is None, r.error
     assert r.tally.stale_replays == 0 and not r.findings, dict(r.tally.layer_counts)
     assert r.pressure is not None and r.pressure["achieved"]["gemms"] > 0

@@ -11,6 +11,7 @@ import pytest
 from harness.input.scenario_file import default_files, load_files
 from harness.records.scenario import Backend, DelayWhere, Expect, Fault, FaultKind
 from harness.run.pipeline import run_scenario
+from tests.support.replays import GATE_REPLAYS, SOAK_REPLAYS
 
 pytestmark = pytest.mark.gpu
 
@@ -37,7 +38,7 @@ def test_full_graph_without_fence_reads_stale_and_the_last_layer_most(cuda, kind
     # what makes it every replay. Here: it races, localised the way the copy order says.
     s = DEFAULT[f"{kind}-full-none"]
     assert s.fault.us == 1000 and s.backend is Backend.FULL and s.fence == "none"
-    r = run_scenario(s, cuda, replays=300)
+    r = run_scenario(s, cuda, replays=100)
     assert r.error is None, r.error
     assert r.tally.stale_replays > 0
     layers = r.tally.layer_counts
@@ -46,24 +47,25 @@ def test_full_graph_without_fence_reads_stale_and_the_last_layer_most(cuda, kind
     assert layers[s.model.num_layers - 1] == max(layers.values()), dict(layers)
 
 
+@pytest.mark.nightly  # the gate runs each *-full-final_event scenario as an item, at GATE_REPLAYS
 @pytest.mark.parametrize("kind", KINDS)
 def test_final_event_fence_is_clean_over_1000_replays(cuda, kind):
     s = DEFAULT[f"{kind}-full-final_event"]
-    r = run_scenario(s, cuda, replays=1000)
+    r = run_scenario(s, cuda, replays=SOAK_REPLAYS)
     assert r.error is None, r.error
-    assert r.tally.replays == 1000
+    assert r.tally.replays == SOAK_REPLAYS
     assert r.tally.stale_replays == 0, dict(r.tally.layer_counts)
     # Teeth: the very same scenario without the fence is caught, every replay, under the gate
     # (a 200 us delay races only as often as the host's timing allows).
     gated = s.with_overrides(fence="none", expect=Expect.RACE, fault=Fault(FaultKind.GATE))
-    bad = run_scenario(gated, cuda, replays=50)
-    assert bad.tally.stale_replays == 50
+    bad = run_scenario(gated, cuda, replays=GATE_REPLAYS)
+    assert bad.tally.stale_replays == GATE_REPLAYS
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_breakable_waits_fire_and_stay_clean(cuda, kind):
     s = DEFAULT[f"{kind}-breakable-none"]
-    r = run_scenario(s, cuda, replays=500)
+    r = run_scenario(s, cuda, replays=GATE_REPLAYS)
     assert r.error is None, r.error
     assert r.tally.stale_replays == 0, dict(r.tally.layer_counts)
     # Teeth: the same breakable runner with the accessors' waits off races (under a delay

@@ -8,6 +8,7 @@ from harness.input.scenario_file import default_files, load_files
 from harness.protocol.fences import STRATEGIES
 from harness.records.scenario import Fault, FaultKind
 from harness.run.pipeline import run_scenario
+from tests.support.replays import GATE_REPLAYS, SOAK_REPLAYS
 
 pytestmark = pytest.mark.gpu
 
@@ -26,13 +27,14 @@ def cuda():
 def test_every_correct_strategy_is_clean_where_none_races(cuda, strategy, base):
     s = DEFAULT[base]
     # The teeth: unfenced, the same model and batch race in every replay under the gate.
-    bad = run_scenario(s.with_overrides(fault=Fault(FaultKind.GATE)), cuda, replays=50)
-    assert bad.tally.stale_replays == 50
-    r = run_scenario(s.with_overrides(fence=strategy), cuda, replays=200)
+    bad = run_scenario(s.with_overrides(fault=Fault(FaultKind.GATE)), cuda, replays=GATE_REPLAYS)
+    assert bad.tally.stale_replays == GATE_REPLAYS
+    r = run_scenario(s.with_overrides(fence=strategy), cuda, replays=GATE_REPLAYS)
     assert r.error is None, r.error
     assert r.tally.stale_replays == 0 and not r.findings, (strategy, dict(r.tally.layer_counts))
 
 
+@pytest.mark.nightly
 def test_layerwise_graph_is_clean_over_1000_gated_replays(cuda):
-    r = run_scenario(DEFAULT["gate-full-none"].with_overrides(fence="layerwise_graph"), cuda, replays=1000)
-    assert r.error is None and r.tally.replays == 1000 and r.tally.stale_replays == 0
+    r = run_scenario(DEFAULT["gate-full-none"].with_overrides(fence="layerwise_graph"), cuda, replays=SOAK_REPLAYS)
+    assert r.error is None and r.tally.replays == SOAK_REPLAYS and r.tally.stale_replays == 0

@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+# A study of PyTorch's sanitizer (a process per case): nightly, beside `fence-harness sanitizer check`.
+pytestmark = [pytest.mark.gpu, pytest.mark.nightly]
 
 
 def flags(name: str, waits: bool) -> bool:

@@ -13,6 +13,7 @@ from harness.protocol.fences import ARMED, LOADED
 from harness.records.scenario import Fault, FaultKind
 from harness.records.trace import Region
 from harness.run.pipeline import run_scenario
+from tests.support.replays import GATE_REPLAYS, SOAK_REPLAYS
 
 pytestmark = pytest.mark.gpu
 
@@ -56,15 +57,16 @@ def test_a_captured_value_wait_holds_the_replay_until_the_flag_is_written(cuda):
     assert done.query() and torch.all(out == 3.0)
 
 
+@pytest.mark.nightly  # the gate runs correct.layerwise_value.gate as a kill-matrix item
 def test_layerwise_value_is_clean_over_1000_gated_replays(cuda):
     base = DEFAULT["gate-full-none"]
-    bad = run_scenario(base.with_overrides(fault=Fault(FaultKind.GATE)), cuda, replays=50)
-    assert bad.tally.stale_replays == 50  # the teeth
-    r = run_scenario(base.with_overrides(fence="layerwise_value"), cuda, replays=1000)
-    assert r.error is None and r.tally.replays == 1000 and r.tally.stale_replays == 0 and not r.findings
+    bad = run_scenario(base.with_overrides(fault=Fault(FaultKind.GATE)), cuda, replays=GATE_REPLAYS)
+    assert bad.tally.stale_replays == GATE_REPLAYS  # the teeth
+    r = run_scenario(base.with_overrides(fence="layerwise_value"), cuda, replays=SOAK_REPLAYS)
+    assert r.error is None and r.tally.replays == SOAK_REPLAYS and r.tally.stale_replays == 0 and not r.findings
 
 
 @pytest.mark.parametrize("name", ["mutant.value_flag_before_copies", "mutant.value_flag_not_rearmed"])
 def test_the_value_wait_mutants_read_stale_data_on_the_gpu(cuda, name):
-    r = run_scenario(MATRIX[name], cuda, replays=100)
+    r = run_scenario(MATRIX[name], cuda, replays=GATE_REPLAYS)
     assert r.error is None and r.tally.stale_replays > 0 and r.met, (r.tally.stale_replays, r.error)
