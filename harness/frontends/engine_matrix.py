@@ -170,7 +170,7 @@ def merged(docs: dict[str, dict], rows: list[Row], codes: dict[str, int], starte
         "git_commit": git_commit(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": sys.argv,
+        "command": _command_line(),
         "environment": first.get("environment", {}),
         "summary": {"scenarios": len(scenarios), "met": sum(r.met for r in rows),
                     "errors": sum(r.error is not None for r in rows)},
@@ -224,3 +224,9 @@ def child(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(child(sys.argv[1:]))
+
+
+def _command_line() -> list[str]:
+    from harness.report.results import command_line  # lazily: results imports much of the package
+
+    return command_line()

@@ -610,7 +610,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     elif not parts:
         return
     else:
-        doc = gpu_workers.merge(parts, order=[s.name for s in state.scenarios], command=sys.argv)
+        from harness.report.results import command_line
+
+        doc = gpu_workers.merge(parts, order=[s.name for s in state.scenarios], command=command_line())
     from harness.frontends.report_commands import append_step_summary, write_all
     from harness.report.results import write_results
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ class Journal:
 
     def start(self, environment: dict[str, Any], started: float | None = None) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        header = {"journal": FORMAT, "started": started or time.time(), "command": sys.argv,
+        header = {"journal": FORMAT, "started": started or time.time(), "command": _command_line(),
                   "environment": environment}
         with open(self.path, "w", encoding="utf-8") as f:
             f.write(json.dumps(header, default=str) + "\n")
@@ -91,3 +90,9 @@ def rebuild(out: Path) -> dict[str, Any] | None:
                          {"partial": True, "interrupted": "killed", "rebuilt_from": "journal"})
     doc["command"] = first["command"]
     return doc
+
+
+def _command_line() -> list[str]:
+    from harness.report.results import command_line  # lazily: results imports much of the package
+
+    return command_line()

@@ -214,6 +214,36 @@ def run_environment(device: dict) -> dict:
                                 "cpu": platform.processor() or platform.machine()})
 
 
+# The program a run was started as, by the file Python ran: `python -m harness` and the console
+# script both record as fence-harness, `python -m pytest` as pytest.
+_PROGRAMS = {("harness", "__main__.py"): "fence-harness", ("pytest", "__main__.py"): "pytest"}
+
+
+def command_line(argv: list[str] | None = None, cwd: Path | None = None) -> list[str]:
+    """The command line as a reader would type it: the program by its name, and each absolute path
+    under the working directory relative to it, so a committed run names no folder of the machine
+    that made it. Paths outside the working directory stay as given."""
+    argv = list(sys.argv if argv is None else argv)
+    if not argv:
+        return argv
+    first = Path(argv[0])
+    argv[0] = _PROGRAMS.get((first.parent.name, first.name), first.name)
+    here = Path(cwd or Path.cwd()).resolve()
+
+    def shown(arg: str) -> str:
+        flag, eq, value = arg.partition("=") if arg.startswith("-") else ("", "", arg)
+        path = Path(value)
+        if not path.is_absolute():
+            return arg
+        try:
+            rel = path.resolve().relative_to(here).as_posix() or "."
+        except ValueError:
+            return arg
+        return f"{flag}{eq}{rel}"
+
+    return [argv[0], *(shown(a) for a in argv[1:])]
+
+
 def build_document(
     entries: list[dict], environment: dict, started: float, finished: float,
     sections: dict | None = None, met: int | None = None,
@@ -227,7 +257,7 @@ def build_document(
         "git_commit": git_commit(),
         "started": stamp(started),
         "finished": stamp(finished),
-        "command": sys.argv,
+        "command": command_line(),
         "environment": environment,
         "summary": {
             "scenarios": len(entries),

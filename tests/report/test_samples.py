@@ -1,0 +1,68 @@
+"""The committed samples (reports/samples/*) are runs of today's scenario files: each sample's
+scenario set is what its recorded command selects from the files as they are now, so a sample left
+behind by a change to a scenario file fails here; and no sample names a folder of the machine that
+made it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from harness.input.scenario_file import default_files, default_mutant_files, load_files
+from harness.report.schema import load
+from tests.support.paths import ROOT
+
+SAMPLES = ROOT / "reports" / "samples"
+RUNS = sorted(p.parent for p in SAMPLES.glob("*/results.json"))
+# An absolute path of a build or test machine: a home, a checkout, a temporary or tool folder.
+MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|tmp|home|root|opt|usr/local|check|Users|var/folders)/")
+
+
+def _files_after(command: list[str], flag: str) -> list[str]:
+    if flag not in command:
+        return []
+    taken = []
+    for arg in command[command.index(flag) + 1:]:
+        if arg.startswith("-"):
+            break
+        taken.append(arg)
+    return [a for a in taken if a.endswith(".toml")]
+
+
+def selected_names(command: list[str]) -> list[str] | None:
+    """The scenario names the recorded command selects from today's files (None: not a scenario run)."""
+    if command[0] == "pytest":
+        files = _files_after(command, "--harness-scenarios") + _files_after(command, "--harness-mutants")
+    elif command[0] == "fence-harness" and command[1] in ("run", "mutants", "graph-check"):
+        files = [a for a in command[2:] if a.endswith(".toml")]
+        files = files or [str(p) for p in (default_mutant_files(ROOT) if command[1] == "mutants"
+                                           else default_files("", ROOT))]
+    else:
+        return None
+    return sorted(s.name for s in load_files(ROOT / f for f in files))
+
+
+def test_there_are_samples():
+    assert {"default-h200", "gpu-test-h200", "mutants-h200", "bench-h200"} <= {p.name for p in RUNS}
+
+
+@pytest.mark.parametrize("run", RUNS, ids=[p.name for p in RUNS])
+def test_a_sample_is_a_run_of_todays_scenario_files(run):
+    doc = load(run / "results.json")
+    assert re.fullmatch(r"[0-9a-f]{40}", doc["git_commit"] or ""), doc["git_commit"]
+    names = selected_names(doc["command"])
+    if names is None:
+        return
+    ran = sorted({e["name"] for e in doc["scenarios"]} | {e["name"] for e in doc.get("skipped") or []})
+    assert ran == names, (f"{run.name} is stale: rerun {' '.join(doc['command'])} — "
+                          f"missing {sorted(set(names) - set(ran))}, gone {sorted(set(ran) - set(names))}")
+
+
+@pytest.mark.parametrize("run", RUNS, ids=[p.name for p in RUNS])
+def test_a_sample_names_no_folder_of_the_machine_that_made_it(run):
+    for path in sorted(p for p in run.rglob("*") if p.is_file()):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        found = sorted(set(MACHINE_PATH.findall(text)))
+        assert not found, f"{path.relative_to(ROOT)}: {found}"
