@@ -1,1 +1,1 @@
-"""Worked examples of the plugin API (see README, "Plugins")."""
+"""Worked examples of the plugin API (docs/plugins.md) and of harness.sanitizer (docs/sanitizer.md)."""

@@ -8,5 +8,7 @@ traces of stream timelines, and a comparison of two runs.
     html, plots  report.html and its figures (matplotlib, imported only when plotting)
     timeline     `write_chrome_trace` for Perfetto / chrome://tracing
     compare      `compare(new, baseline)`: new races, unmet expectations, cost regressions
-    cli          the `report` and `compare` subcommands, `write_all`, `append_step_summary`
+    journal      the append-only journal of finished scenarios a cut-short run is rebuilt from
+
+The `report` and `compare` subcommands are `harness.frontends.report_commands`.
 """

@@ -79,7 +79,7 @@ A document is one JSON object::
                                 from device events in the checked run itself)
     strategies      (optional) {cells: [{scenario, strategy, stale_replays, replays, findings,
                                 error, ok}]}: `fence-harness fences`
-    soak            (optional) the counts of a `fence-harness soak` (see the README)
+    soak            (optional) the counts of a `fence-harness soak` (docs/reports.md)
     graph_check     (optional) `fence-harness graph-check` (its scenario entries ran no counted replay):
                     {scenarios: [{name, expect, graph "race" | "clean" | "error" | "not checked",
                     status "agrees" | "disagrees" | "error" | "not a graph race" | "not checked",

@@ -1,2 +1,2 @@
-"""The run: a scenario's testbed, ground truth, the one replay loop, the oracle, the verdict, and
-what builds on them (scenario files, plugins, the kill matrix, the benchmark)."""
+"""The run: a scenario's testbed, ground truth, the one replay loop, the oracle, the verdict and the
+kill matrix. Scenario files and plugins are read in `harness.input`; the studies are `harness.studies`."""

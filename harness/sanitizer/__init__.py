@@ -5,7 +5,7 @@
     with sanitize(raise_on_race=True):
         ...
 
-See `harness.sanitizer.session` (and the README's `harness.sanitizer` section).
+See `harness.sanitizer.session` and docs/sanitizer.md.
 """
 
 from harness.records.errors import RacesFound, SanitizerError

@@ -194,8 +194,8 @@ _retired: list[OpWatch] = []
 
 # The mark on a `torch.cuda.Event` made with `external=True` while a watch watched (its CUDA event
 # exists only from its first record, so the flag waits on the Python object until then). A mark, not
-# a set of the events: a `WeakSet` of them crashed the process on an H200 (README, "The sanitizer's
-# in-process crash, found"), so the watch keeps no reference to an event, weak or strong.
+# a set of the events: a `WeakSet` of them crashed the process on an H200 (docs/sanitizer.md), so the
+# watch keeps no reference to an event, weak or strong.
 _EXTERNAL = "_harness_sanitizer_external"
 
 # (registry, the forwarder it calls) per GPU-trace callback: on the registries while a watch

@@ -64,7 +64,7 @@ class Point:
         pattern = "A" * self.layers if self.kind == "attention" else "AM" * (self.layers // 2)
         # Sized so that load and compute are close at the default point (8 layers, 2,048
         # cached tokens, 32 new, hidden 1,024): the case where keeping the overlap matters most.
-        # On an H200: load 1.34 ms, compute 1.56 ms (README, "Fence strategies and what they cost").
+        # On an H200: load 1.34 ms, compute 1.56 ms (docs/results.md).
         heads = self.hidden // HEAD_DIM
         shape = ModelShape(layers=pattern, hidden=self.hidden, heads=heads, kv_heads=heads, head_dim=HEAD_DIM,
                            state=16)

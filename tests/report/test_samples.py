@@ -6,7 +6,6 @@ made it."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
