@@ -235,6 +235,24 @@ class LayerwiseUnrecordedFence(LayerwiseGraphFence):
     created = False
 
 
+class LateCounterFence(LayerwiseGraphFence):
+    """Mutant (sgl-project/sglang#38354): the graph is captured before the accessors' waits exist.
+
+    With a piecewise prefill backend forced, the engine skipped its HiCache check and registered
+    the layer counter after capture: capture traced `layer_transfer_counter is None`, so the graph
+    holds no wait at all, while every eager path (where the accessors run) waits correctly. Here the
+    full-graph runner is captured first and `layerwise_graph`'s waits added after it, and every batch
+    replays that graph. State that differs between capture and replay: the graph check names the
+    missing wait nodes without a replay."""
+
+    def setup(self, s: FenceSetup) -> None:
+        self.early = s.runner(Backend.FULL)  # captured now: no accessor wait exists yet
+        super().setup(s)  # the waits, added after the capture: no replay of `early` sees them
+
+    def __call__(self, ctx: FenceContext) -> Runner:
+        return self.early
+
+
 def previous_op_fence(ctx: FenceContext) -> None:
     """Mutant: a stale consumer index, one behind in the ring of 3 (the previous load op)."""
     c = ctx.counter
@@ -265,4 +283,5 @@ FENCES: dict[str, FenceFn | type] = {
     "previous_op": previous_op_fence,
     "layerwise_unrecorded": LayerwiseUnrecordedFence,
     "value_not_rearmed": ValueNotRearmed,
+    "late_counter": LateCounterFence,
 }

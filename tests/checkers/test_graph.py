@@ -224,6 +224,20 @@ def test_its_correct_twin_is_clean_with_a_wait_node_per_accessor():
     assert g.wait_nodes == 6  # AMAM: K and V accessors of each attention layer, one per Mamba layer
 
 
+def test_a_graph_captured_before_the_counter_existed_is_caught_and_names_the_missing_wait():
+    # sglang#38354: the graph replayed was captured before the accessors' waits were added.
+    r = run_scenario(_matrix("mutant.counter_registered_after_capture"), SimDevice(), replays=2)
+    assert r.error is None and r.met and Evidence.GRAPH in r.seal().evidence
+    assert r.graph is not None and r.graph.matched and r.graph.findings
+    replayed = [g for g in r.graph.graphs if g.wait_nodes == 0]
+    assert replayed, [g.wait_nodes for g in r.graph.graphs]  # the early capture: no wait node
+    said = " ".join(f.describe() for f in r.graph.findings)
+    assert "nothing orders it after the H2D copy" in said and "no wait node on event" in said, said
+    # The twin, the same waits added before the capture: a wait node per accessor, clean.
+    twin = run_scenario(_matrix("correct.layerwise_graph.gate"), SimDevice(), replays=2)
+    assert twin.met and not twin.graph.findings
+
+
 class _DroppingSim(SimDevice):
     """A device whose graphs lack the wait nodes its op list records (the old layerwise_graph)."""
 
