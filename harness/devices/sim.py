@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from harness.devices.base import Device, Event, Flags, Gate, Graph, Stream, _Capture, _Event, _Stream
+from harness.devices.base import Device, Event, Flags, FlagValues, Gate, Graph, Stream, _Capture, _Event, _Stream
 from harness.records.device_settings import SimCosts  # the cost model, torch-free for the CLI's help
 from harness.records.errors import CaptureInvalidated, HarnessError
 from harness.records.graph_model import GraphModel, chain_model
@@ -51,7 +51,6 @@ from harness.records.trace import (
     FlagWait,
     FlagWrite,
     Hold,
-    HostSync,
     Kernel,
     Op,
     Record,
@@ -203,6 +202,8 @@ class SimFlags(Flags):
         self.initial = initial
         self.ids = tuple(device._new_id() for _ in range(count))
         self.flags = [_Flag([(-math.inf, 0, initial)]) for _ in range(count)]
+        self.values = FlagValues(count, initial)
+        device._made_flags(self)
 
     def write(self, index: int, value: int) -> None:
         self._device._flag_write(self, (index,), value)
@@ -329,6 +330,7 @@ class SimDevice(Device):
         """A value write: the flags change when it runs, after everything earlier on its stream."""
         stream = stream or self.current_stream()
         self._note(FlagWrite(stream.id, tuple(flags.ids[i] for i in which), value, (flags, which)))
+        self._flags_written(flags, which, value, stream)
 
         def write(t: float) -> None:
             for i in which:
@@ -497,7 +499,7 @@ class SimDevice(Device):
             self._gates[0].expire()
         ends = [s.free for s in self._streams]  # a stream gone had ended before these
         self.host_clock = max([self.host_clock, *ends])
-        self._note(HostSync())
+        self._synchronized()
 
     def gate(self, timeout_s: float) -> SimGate:
         return SimGate(self, timeout_s)

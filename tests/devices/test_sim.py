@@ -343,3 +343,52 @@ def test_same_story_twice_gives_same_trace_data_and_times():
         assert x.equal(y)
     assert [type(op) for op in a[0]] == [Delay, Copy, Record, Kernel, Wait, Kernel, HostSync]
     assert not a[2].equal(a[3])  # before the wait it saw poison, after it the copy
+
+
+# ---- what a flag may hold when a trace starts ------------------------------------------------
+
+
+def _flags_at_trace_start(dev: SimDevice) -> dict[int, tuple[int, ...]]:
+    with dev.tracing() as trace:
+        pass
+    return trace.flag_values
+
+
+def test_a_trace_starts_from_what_each_flag_may_hold():
+    dev = SimDevice()
+    load, fwd = dev.Stream("load"), dev.Stream("forward")
+    flags = dev.Flags(2, 0)
+    f0, f1 = flags.ids
+    assert _flags_at_trace_start(dev) == {f0: (0,), f1: (0,)}
+    with dev.stream(load):
+        dev.delay(100.0)
+        flags.write(0, 3)  # enqueued, not known to have run: the old value and the new
+    assert _flags_at_trace_start(dev)[f0] == (0, 3)
+    dev.synchronize()
+    assert _flags_at_trace_start(dev) == {f0: (3,), f1: (0,)}
+    with dev.stream(load):
+        flags.write(0, 4)
+        flags.write(0, 5)  # the same stream: 5 overwrites 4
+    with dev.stream(fwd):
+        flags.write_all(7)  # another stream: either may run last
+    dev.synchronize()
+    assert _flags_at_trace_start(dev) == {f0: (5, 7), f1: (7,)}
+
+
+def test_a_captured_flag_write_changes_the_flag_only_when_replayed():
+    dev = SimDevice()
+    flags = dev.Flags(1, 0)
+    (f0,) = flags.ids
+    graph = dev.capture(lambda: flags.write(0, 2), warmup=0)
+    dev.synchronize()
+    assert _flags_at_trace_start(dev) == {f0: (0,)}
+    graph.replay()
+    dev.synchronize()
+    assert _flags_at_trace_start(dev) == {f0: (2,)}
+
+
+def test_flags_made_while_tracing_start_the_trace_at_their_initial_value():
+    dev = SimDevice()
+    with dev.tracing() as trace:
+        flags = dev.Flags(1, 9)
+    assert trace.flag_values == {flags.ids[0]: (9,)}
