@@ -467,6 +467,11 @@ class Device(abc.ABC):
     def synchronize(self, timeout_s: float = 30.0) -> None:
         """Wait for all streams; raise ReplayTimeout instead of hanging."""
 
+    def drop_stuck_work(self) -> None:  # noqa: B027 - a real device has nothing it can drop
+        """A scenario ended early: the work it left queued runs where it can, and what never can is
+        dropped, so that the next scenario does not wait behind it. Only the simulator can drop
+        work; on a real device work that never runs is a hung stream (`ReplayTimeout`)."""
+
     def _synchronized(self) -> None:
         """All work enqueued so far has finished (a synchronize returned): the op list says so, and
         each flag now holds what its last write left."""
