@@ -117,9 +117,10 @@ class _Walk:
     writes (the analyser's `FlagWrites`: one rule for what a value wait is ordered after), and
     the H2D copies so far (on their streams, or inside a replayed load graph on its stream)."""
 
-    def __init__(self) -> None:
+    def __init__(self, flag_values: Mapping[FlagId, tuple[int, ...]]) -> None:
         self.clocks = StreamClocks()
         self.events: dict[EventId, Clock] = {}
+        self.flag_values = flag_values  # what each flag may hold as the trace starts
         self.flags: dict[FlagId, FlagWrites] = {}
         self.copies: list[_LoadCopy] = []
 
@@ -130,7 +131,8 @@ class _Walk:
     def flag_write(self, sid: StreamId, flags: Iterable[FlagId], value: int) -> None:
         stamp, clock = self.clocks.stamp(sid), self.clocks.record(sid)
         for flag in flags:  # one write of every flag: one stamp
-            self.flags.setdefault(flag, FlagWrites()).writes.append(FlagWriteStamp(stamp, clock, value))
+            writes = self.flags.setdefault(flag, FlagWrites(self.flag_values.get(flag)))
+            writes.writes.append(FlagWriteStamp(stamp, clock, value))
 
     def flag_wait(self, sid: StreamId, flag: FlagId, value: int) -> None:
         self.clocks.wait(sid, self.release(flag, self.clocks.clock(sid), value))
@@ -141,7 +143,7 @@ def check_replays(trace: Trace, models: Mapping[GraphId, GraphModel]) -> list[Gr
 
     Deduplicated by (graph, step, copy region, kind), in the order first found.
     """
-    w = _Walk()
+    w = _Walk(trace.flag_values)
     findings: list[GraphFinding] = []
     seen: set[tuple] = set()
 

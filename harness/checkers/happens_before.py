@@ -9,8 +9,10 @@ Value waits: a flag write is stamped like an event record (it carries its stream
 a wait until the flag reaches a value is ordered after whichever write it may have seen
 (`FlagWrites.release`): every write of a value that reaches the target that no later
 write already ordered before the waiter has hidden; the waiter gets what all of them have
-in common (a write of the previous load op that nothing re-armed is one of them, and
-orders nothing of this one's copies).
+in common. The flag's value when the trace started (`Trace.flag_values`) is one of them
+where it reaches the target and no write before the waiter hid it (a previous load op's
+LOADED that nothing re-armed), and orders nothing of this op's copies; a value short of
+the target (a generation counter's previous generation) releases nothing.
 
 Something stamped (L, e) happens-before work on a stream whose clock C has
 C.get(L, -1) >= e. A pool access unordered with an earlier-enqueued copy to an
@@ -139,10 +141,19 @@ class FlagWriteStamp:
 
 
 class FlagWrites:
-    """Every write to one flag, in enqueue order (the analyser's and the graph check's: one rule)."""
+    """Every write to one flag, in enqueue order (the analyser's and the graph check's: one rule).
 
-    def __init__(self) -> None:
+    `initial`: every value the flag may hold when the op list starts (`Trace.flag_values`); None
+    where that is not known, when it may hold anything.
+    """
+
+    def __init__(self, initial: tuple[int, ...] | None = None) -> None:
+        self.initial = initial
         self.writes: list[FlagWriteStamp] = []
+
+    def initial_reaches(self, target: int) -> bool:
+        """May the flag's value from before the op list reach `target`?"""
+        return self.initial is None or any(flag_reached(v, target) for v in self.initial)
 
     def write(self, clocks: StreamClocks, sid: StreamId, value: int) -> None:
         """A write of `value` enqueued on `sid` now (stamped, and carrying its clock, like a record)."""
@@ -153,16 +164,18 @@ class FlagWrites:
         ordered after; None when it is ordered after nothing.
 
         A write W is hidden from the waiter when a later write X is ordered after W and before the
-        waiter (coherence: the waiter sees X or something later); the flag's initial value (which the
-        op list does not hold, so it may reach anything) is hidden by any write before the waiter.
-        Each write that is not hidden and whose value reaches the target may be the one that
-        released the waiter, so it is ordered only after what all of them are ordered after: the
-        pointwise minimum of their clocks. A wait that no write enqueued so far can release waits
-        for a later one, and gains nothing here.
+        waiter (coherence: the waiter sees X or something later); the flag's value from before the
+        op list is hidden by any write before the waiter. Not hidden, that value releases the waiter
+        if it may reach the target (`initial`: a previous load op's LOADED, say; unknown, it may
+        reach anything), and then the waiter is ordered after nothing. Otherwise each write that is
+        not hidden and whose value reaches the target may be the one that released the waiter, so
+        it is ordered only after what all of them are ordered after: the pointwise minimum of their
+        clocks. A wait that no write enqueued so far can release waits for a later one, and gains
+        nothing here.
         """
         seen = [w for w in self.writes if waiter.get(w.stamp.stream, -1) >= w.stamp.epoch]
-        if not seen:
-            return None  # the initial value may be what releases it
+        if not seen and self.initial_reaches(target):
+            return None  # the value from before the op list may be what releases it
         live = [w for w in self.writes if not any(_before(w, x) for x in seen if x is not w)]
         candidates = [w for w in live if flag_reached(w.value, target)]
         if not candidates:
@@ -181,6 +194,7 @@ def _before(x: FlagWriteStamp, w: FlagWriteStamp) -> bool:
 class _Walker:
     def __init__(self, trace: Trace):
         self.names = trace.stream_names
+        self.flag_values = trace.flag_values
         self.clocks = StreamClocks()
         self.events: dict[int, dict[StreamId, int]] = {}
         self.flags: dict[int, FlagWrites] = {}
@@ -240,7 +254,8 @@ class _Walker:
         elif isinstance(op, FlagWrite):
             stamp, clock = self.clocks.stamp(sid), self.clocks.record(sid)
             for flag in op.flags:  # one write of every flag: one stamp
-                self.flags.setdefault(flag, FlagWrites()).writes.append(FlagWriteStamp(stamp, clock, op.value))
+                self.flags.setdefault(flag, FlagWrites(self.flag_values.get(flag))).writes.append(
+                    FlagWriteStamp(stamp, clock, op.value))
         elif isinstance(op, FlagWait):
             if in_replay and not op.in_graph:
                 return

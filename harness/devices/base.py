@@ -30,6 +30,7 @@ import torch
 from harness.records.errors import FlagUnavailable, GateUnavailable, GraphUnavailable
 from harness.records.graph_model import GraphModel, GraphSource
 from harness.records.trace import (
+    HostSync,
     HostWait,
     HostWrite,
     Kernel,
@@ -151,6 +152,40 @@ class Gate(abc.ABC):
         self.release()
 
 
+class FlagValues:
+    """What each flag of a set may hold, as the host knows it without reading device memory.
+
+    `settled[i]`: the values flag i may hold once every write enqueued before the host's last
+    synchronize has run (the value of whichever ran last: the last of some stream's, as writes on
+    different streams may run in either order). `pending[i]`: the last value each stream has
+    written since (enqueued; run or not). A write captured into a graph is written by each replay
+    of it, on the replay's stream.
+
+    A trace starts from these (`Trace.flag_values`): without them the analyser must take a flag's
+    value from before the trace to release any wait, and a wait target that grows with each load
+    op (a generation counter) would look released by the previous op's value.
+    """
+
+    def __init__(self, count: int, initial: int):
+        self.settled: list[frozenset[int]] = [frozenset({initial})] * count
+        self.pending: list[dict[int, int]] = [{} for _ in range(count)]
+
+    def wrote(self, which: Sequence[int], value: int, stream: int) -> None:
+        """Flags `which` are written `value` by work enqueued on `stream` now."""
+        for i in which:
+            self.pending[i][stream] = value
+
+    def settle(self) -> None:
+        """The host synchronized: every write enqueued so far has run."""
+        for i, pending in enumerate(self.pending):
+            if pending:
+                self.settled[i] = frozenset(pending.values())
+                pending.clear()
+
+    def may_hold(self, index: int) -> tuple[int, ...]:
+        return tuple(sorted(self.settled[index] | set(self.pending[index].values())))
+
+
 class Flags(abc.ABC):
     """A set of 32-bit flags in device memory that streams write and wait on: value waits.
 
@@ -164,9 +199,14 @@ class Flags(abc.ABC):
 
     ids: tuple[int, ...]  # one id per flag, for the op list
     initial: int
+    values: FlagValues  # what each may hold now, as the host knows it (for a trace's start)
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def may_hold(self) -> dict[int, tuple[int, ...]]:
+        """Every value each flag may hold now, by flag id (`Trace.flag_values`)."""
+        return {fid: self.values.may_hold(i) for i, fid in enumerate(self.ids)}
 
     @abc.abstractmethod
     def write(self, index: int, value: int) -> None: ...
@@ -176,6 +216,10 @@ class Flags(abc.ABC):
 
     @abc.abstractmethod
     def wait(self, index: int, value: int) -> None: ...
+
+
+# `Device.Flags` (made like Event()) shadows the class there too.
+_Flags = Flags
 
 
 class Graph(abc.ABC):
@@ -193,6 +237,7 @@ class Graph(abc.ABC):
 
 
 _G = TypeVar("_G", bound=Graph)
+_F = TypeVar("_F", bound=Flags)
 
 
 @dataclass
@@ -220,6 +265,9 @@ class Device(abc.ABC):
         self._join_events: weakref.WeakKeyDictionary[Stream, Event] = weakref.WeakKeyDictionary()
         # Weak: a graph goes with its runner; the graph check finds a traced replay's graph by id.
         self._graphs: weakref.WeakValueDictionary[int, Graph] = weakref.WeakValueDictionary()
+        # Weak: a scenario's flags go with it. A trace starts from what each may hold; CUDA also
+        # names a graph's value nodes by them.
+        self._flag_sets: weakref.WeakSet[Flags] = weakref.WeakSet()
 
     # ---- ids and the op list -------------------------------------------------
     def _new_id(self) -> int:
@@ -233,6 +281,8 @@ class Device(abc.ABC):
         # Streams made before the trace began keep their names in it (the forward, the load stream,
         # a capture's side stream), so no row of it is an unnamed "streamN".
         trace.stream_names.update({s.id: s.name for s in self._made_streams()})
+        for flags in list(self._flag_sets):
+            trace.flag_values.update(flags.may_hold())
         self._trace = trace
         try:
             yield trace
@@ -300,6 +350,18 @@ class Device(abc.ABC):
     def Flags(self, count: int, initial: int) -> Flags:  # noqa: N802 - made like Event()
         """`count` flags, each holding `initial`; raises FlagUnavailable where none can be built."""
         raise FlagUnavailable(f"the {self.name} device has no value waits")
+
+    def _made_flags(self, flags: _F) -> _F:
+        """Keep a new flag set known (a trace made now starts from its initial values)."""
+        self._flag_sets.add(flags)
+        if self._trace is not None:
+            self._trace.flag_values.update(flags.may_hold())
+        return flags
+
+    def _flags_written(self, flags: _Flags, which: Sequence[int], value: int, stream: _Stream) -> None:
+        """A value write enqueued on `stream` (one captured now runs only when replayed)."""
+        if not self.capturing:
+            flags.values.wrote(which, value, stream.id)
 
     def host_wait(self, event: _Event, timeout_s: float) -> bool:
         """Block the host until `event` completes or `timeout_s` passes; True if it completed."""
@@ -420,6 +482,18 @@ class Device(abc.ABC):
     @abc.abstractmethod
     def synchronize(self, timeout_s: float = 30.0) -> None:
         """Wait for all streams; raise ReplayTimeout instead of hanging."""
+
+    def drop_stuck_work(self) -> None:  # noqa: B027 - a real device has nothing it can drop
+        """A scenario ended early: the work it left queued runs where it can, and what never can is
+        dropped, so that the next scenario does not wait behind it. Only the simulator can drop
+        work; on a real device work that never runs is a hung stream (`ReplayTimeout`)."""
+
+    def _synchronized(self) -> None:
+        """All work enqueued so far has finished (a synchronize returned): the op list says so, and
+        each flag now holds what its last write left."""
+        for flags in list(self._flag_sets):
+            flags.values.settle()
+        self._note(HostSync())
 
     def join(self, stream: _Stream) -> None:
         """Later work on `stream` waits for all work enqueued so far on every stream the harness

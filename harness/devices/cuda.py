@@ -18,7 +18,18 @@ from collections.abc import Callable, Sequence
 import torch
 
 from harness.devices import nvml
-from harness.devices.base import Device, Event, Flags, Gate, Graph, Stream, _Capture, _Stream, collector_paused
+from harness.devices.base import (
+    Device,
+    Event,
+    Flags,
+    FlagValues,
+    Gate,
+    Graph,
+    Stream,
+    _Capture,
+    _Stream,
+    collector_paused,
+)
 from harness.devices.cuda_graph import GraphReader
 from harness.devices.memcpy_batch import MemcpyBatch
 from harness.records.errors import (
@@ -37,7 +48,6 @@ from harness.records.trace import (
     FlagWait,
     FlagWrite,
     Hold,
-    HostSync,
     Record,
     Region,
     SpanKind,
@@ -120,6 +130,10 @@ class CudaGraph(Graph):
         self._frontiers = frontiers
         self._why = why
         self._model: GraphModel | None = None
+        # The value writes a replay makes (flags, indices, value): the host's view of what the
+        # flags may hold follows them, as it follows an eager write.
+        self._flag_writes = [(op.handle, tuple(op.handle.ids.index(f) for f in op.flags), op.value)
+                             for op in body if isinstance(op, FlagWrite) and isinstance(op.handle, CudaFlags)]
 
     def model(self) -> GraphModel:
         """Read once, on first use: a scenario that never checks its graphs pays nothing."""
@@ -127,7 +141,7 @@ class CudaGraph(Graph):
             if self._frontiers is None:
                 raise GraphUnavailable(self._why)
             events = {int(e.raw.cuda_event): e.id for e in list(self._device._events) if e.raw.cuda_event}
-            flags = {int(ptr): fid for fs in list(self._device._flag_sets)
+            flags = {int(ptr): fid for fs in list(self._device._flag_sets) if isinstance(fs, CudaFlags)
                      for fid, ptr in zip(fs.ids, fs._ptrs, strict=True)}
             self._model = self._device._graph_reader().read(self.raw.raw_cuda_graph(), self.id,
                                                             self._frontiers, events, flags=flags)
@@ -136,6 +150,10 @@ class CudaGraph(Graph):
     def replay(self) -> None:
         dev = self._device
         dev._replayed(self)
+        if self._flag_writes:
+            stream = dev.current_stream()
+            for flags, which, value in self._flag_writes:
+                dev._flags_written(flags, which, value, stream)
         if dev.timing:
             with dev._timed(dev.current_stream(), SpanKind.REPLAY, f"replay graph {self.id}"):
                 self.raw.replay()
@@ -245,7 +263,8 @@ class CudaFlags(Flags):
         self._geq = cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
         self._barrier = cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
         self._streams: dict[int, object] = {}  # raw stream handle -> CUstream, built once
-        device._flag_sets.add(self)  # to name a graph's value-wait and value-write nodes
+        self.values = FlagValues(count, initial)
+        device._made_flags(self)  # also names a graph's value-wait and value-write nodes
 
     def _cu_stream(self, stream: CudaStream):
         handle = stream.raw.cuda_stream
@@ -263,13 +282,16 @@ class CudaFlags(Flags):
         stream = dev.current_stream()
         if dev.recording:
             dev._note(FlagWrite(stream.id, (self.ids[index],), value, self))
+        dev._flags_written(self, (index,), value, stream)
         (err,) = self._cu.cuStreamWriteValue32(self._cu_stream(stream), self._ptrs[index], value, self._barrier)
         self._check(err, "cuStreamWriteValue32")
 
     def write_all(self, value: int) -> None:
         dev = self._device
+        stream = dev.current_stream()
         if dev.recording:
-            dev._note(FlagWrite(dev.current_stream().id, self.ids, value, self))
+            dev._note(FlagWrite(stream.id, self.ids, value, self))
+        dev._flags_written(self, range(len(self.ids)), value, stream)
         self.words.fill_(value)  # one kernel on the current stream
 
     def wait(self, index: int, value: int) -> None:
@@ -300,7 +322,6 @@ class CudaDevice(Device):
         self._streams: weakref.WeakValueDictionary[int, CudaStream] = weakref.WeakValueDictionary()
         self._owned: weakref.WeakSet[CudaStream] = weakref.WeakSet()  # streams work is enqueued on
         self._events: weakref.WeakSet[CudaEvent] = weakref.WeakSet()  # to name a graph node's event
-        self._flag_sets: weakref.WeakSet[CudaFlags] = weakref.WeakSet()  # to name a value node's flag
         self._reader: GraphReader | None = None
         self._batch = MemcpyBatch.load(index)  # batched H2D copies, where the driver has them (12.8+)
         # A batch's pointers and sizes by the identity of the sequence (kept, so the id stays its).
@@ -539,7 +560,7 @@ class CudaDevice(Device):
         # tools that watch CUDA's synchronize calls (PyTorch's CUDA sanitizer), which an
         # event query is not.
         torch.cuda.synchronize(self.torch_device)
-        self._note(HostSync())
+        self._synchronized()
 
     def empty_host(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(tuple(shape), dtype=dtype, pin_memory=True)

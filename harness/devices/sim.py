@@ -19,6 +19,11 @@ which costs `poll_us` of host time, so a polling loop moves on). Work that has
 run never started later than the host clock, so anything the host enqueues next
 starts after it, and a read can never see a write from its future.
 
+Work that can never run (a wait on a flag value nothing writes, on an event whose
+record is queued behind such a wait) is an error when the host would block on it,
+naming the stream, its wait and what that waits for; the stuck work is dropped
+then, so that it ends only the scenario that enqueued it.
+
 Capture records the op list (harness.records.trace) and runs nothing; a replay
 enqueues that list on the replay stream and runs none of the Python that built
 it. Only waits captured as graph nodes (on external events) order a replay; a
@@ -40,7 +45,7 @@ from typing import Any
 
 import torch
 
-from harness.devices.base import Device, Event, Flags, Gate, Graph, Stream, _Capture, _Event, _Stream
+from harness.devices.base import Device, Event, Flags, FlagValues, Gate, Graph, Stream, _Capture, _Event, _Stream
 from harness.records.device_settings import SimCosts  # the cost model, torch-free for the CLI's help
 from harness.records.errors import CaptureInvalidated, HarnessError
 from harness.records.graph_model import GraphModel, chain_model
@@ -51,7 +56,6 @@ from harness.records.trace import (
     FlagWait,
     FlagWrite,
     Hold,
-    HostSync,
     Kernel,
     Op,
     Record,
@@ -67,6 +71,8 @@ class _Mark:
     """A point the scheduler waits for: an event's record, or a gate's release."""
 
     time: float | None = None  # virtual microseconds; None: not happened yet
+    what: str = ""  # "event e5", "gate g3": for the message of work that can never run
+    stream: SimStream | None = None  # an event's: the stream its record is queued on
 
     def at(self, earliest: float) -> float | None:
         """When work that could start at `earliest` may start: once this has happened."""
@@ -79,6 +85,7 @@ class _Flag:
     time order, from its initial value at the start of time."""
 
     writes: list[tuple[float, int, int]]
+    id: int = 0
 
     def value_at(self, t: float) -> int:
         return self.writes[bisect.bisect_right(self.writes, (t, math.inf)) - 1][2]
@@ -110,6 +117,8 @@ class _Work:
     duration: float
     after: _Mark | _Reached | None = None  # it starts once this has happened
     run: Callable[[float], None] | None = None  # its effect, called with its start time
+    writes: tuple[tuple[_Flag, ...], int] | None = None  # a value write's flags and value
+    records: _Mark | None = None  # a record's: the mark it completes
     start: float | None = None  # set once it has run
     end: float | None = None
 
@@ -176,7 +185,7 @@ class SimGate(Gate):
         if self.held:
             raise HarnessError("gate held twice without a release")
         dev = self._device
-        self._open, self._held_at = _Mark(), dev.host_clock
+        self._open, self._held_at = _Mark(what=f"gate g{self.id}"), dev.host_clock
         stream = dev.current_stream()
         dev._note(Hold(stream.id, self.id))
         dev._enqueue(stream, 0.0, SpanKind.GATE, f"gate {self.id}", after=self._open)
@@ -202,7 +211,9 @@ class SimFlags(Flags):
         self._device = device
         self.initial = initial
         self.ids = tuple(device._new_id() for _ in range(count))
-        self.flags = [_Flag([(-math.inf, 0, initial)]) for _ in range(count)]
+        self.flags = [_Flag([(-math.inf, 0, initial)], fid) for fid in self.ids]
+        self.values = FlagValues(count, initial)
+        device._made_flags(self)
 
     def write(self, index: int, value: int) -> None:
         self._device._flag_write(self, (index,), value)
@@ -275,6 +286,7 @@ class SimDevice(Device):
     def _enqueue(
         self, stream: SimStream, duration: float, kind: str, name: str, *,
         after: _Mark | _Reached | None = None, run: Callable[[float], None] | None = None, span: bool = True,
+        writes: tuple[tuple[_Flag, ...], int] | None = None, records: _Mark | None = None,
     ) -> _Work | None:
         """Queue one op on `stream` at the host's time (or the replay's launch); None when captured."""
         if self.capturing:
@@ -285,7 +297,7 @@ class SimDevice(Device):
             ready = self.host_clock
             self.host_clock += self.costs.launch_us
         self._seq += 1
-        work = _Work(self._seq, ready, duration, after, run)
+        work = _Work(self._seq, ready, duration, after, run, writes, records)
         stream.queue.append(work)
         self._busy.add(stream)
         if span and self.timing:
@@ -305,12 +317,12 @@ class SimDevice(Device):
     def _record(self, event: SimEvent, stream: SimStream) -> None:
         event._created = True  # CUDA creates an event at its first record, captured or not
         self._note(Record(stream.id, event.id, event))
-        mark = _Mark()
+        mark = _Mark(what=f"event e{event.id}", stream=stream)
 
         def complete(t: float) -> None:
             mark.time = t
 
-        if self._enqueue(stream, 0.0, SpanKind.RECORD, f"record e{event.id}", run=complete) is not None:
+        if self._enqueue(stream, 0.0, SpanKind.RECORD, f"record e{event.id}", run=complete, records=mark) is not None:
             event.latest = mark
 
     def _wait(self, stream: SimStream, event: SimEvent) -> None:
@@ -329,13 +341,15 @@ class SimDevice(Device):
         """A value write: the flags change when it runs, after everything earlier on its stream."""
         stream = stream or self.current_stream()
         self._note(FlagWrite(stream.id, tuple(flags.ids[i] for i in which), value, (flags, which)))
+        self._flags_written(flags, which, value, stream)
 
         def write(t: float) -> None:
             for i in which:
                 self._seq += 1
                 bisect.insort(flags.flags[i].writes, (t, self._seq, value))
 
-        self._enqueue(stream, 0.0, SpanKind.RECORD, f"write {value} to flags", run=write)
+        self._enqueue(stream, 0.0, SpanKind.RECORD, f"write {value} to flags", run=write,
+                      writes=(tuple(flags.flags[i] for i in which), value))
 
     def _flag_wait(self, flags: SimFlags, index: int, value: int, stream: SimStream | None = None) -> None:
         """A value wait: later work on the stream starts once the flag has reached `value`. Made during
@@ -440,6 +454,82 @@ class SimDevice(Device):
     def _pending(self) -> bool:
         return bool(self._busy)
 
+    # ---- work that can never run ------------------------------------------------------
+    def _run_all(self) -> bool:
+        """Run everything that can run, opening held gates as their watchdogs would; False when
+        work is left that nothing can start (waits on nothing that comes)."""
+        while True:
+            self._run_until(math.inf)
+            if not self._pending():
+                return True
+            if not self._gates:
+                return False
+            self._gates[0].expire()
+
+    def _never_runs(self, who: str, after: _Mark | _Reached | None) -> HarnessError:
+        """The error for work that can never run, named by what it waits for; that work is dropped."""
+        text = f"work on the simulator can never run: {who} {self._blocked(after, set())}"
+        self._drop()
+        return HarnessError(text)
+
+    def _drop(self) -> None:
+        """Drop all queued work (none of it can run), and the streams it kept alive.
+
+        Once the host would block on it forever the scenario that enqueued it is over, and what it
+        left queued could only hold up the next one's synchronizes. A dropped record counts as
+        done now, so that nothing made later waits forever on an event of it.
+        """
+        for stream in self._busy:
+            for work in stream.queue:
+                if work.records is not None:
+                    work.records.time = self.host_clock
+            stream.queue.clear()
+        self._busy.clear()
+
+    def _blocked(self, after: _Mark | _Reached | None, seen: set[SimStream]) -> str:
+        """What a stuck wait waits for, in words, following it to what nothing can release: an
+        event's record queued behind another stuck wait, a value write queued behind one, a flag
+        value nothing queued writes."""
+        if isinstance(after, _Reached):
+            flag, target = after.flag, after.target
+            wait = f"until flag f{flag.id} >= {target}"
+            for stream in sorted(self._busy, key=lambda s: s.id):
+                for work in stream.queue:
+                    if work.writes is not None and flag in work.writes[0] and flag_reached(work.writes[1], target):
+                        return (f"{wait}, whose write of {work.writes[1]} is queued on stream '{stream.name}' "
+                                f"behind {self._behind(stream, seen)}")
+            return (f"{wait}, which nothing can release: f{flag.id} holds {flag.writes[-1][2]}, and no write of it "
+                    f"queued on any stream reaches {target}")
+        if after is not None and after.stream is not None and after.stream.queue:
+            return (f"on {after.what}, whose record is queued on stream '{after.stream.name}' behind "
+                    f"{self._behind(after.stream, seen)}")
+        return f"on {after.what if after is not None else 'nothing'}, which nothing releases"
+
+    def _behind(self, stream: SimStream, seen: set[SimStream]) -> str:
+        """The stuck wait at the head of `stream`'s queue, in words."""
+        if stream in seen:
+            return "the wait above (they wait for each other)"
+        return f"a wait {self._blocked(stream.queue[0].after, seen | {stream})}"
+
+    def _stuck_head(self) -> SimStream:
+        """The stream whose stuck wait to name: one no other stuck wait waits behind (the end of a
+        chain, whose words follow it to its start), the one enqueued first among those."""
+        behind = set()
+        for stream in self._busy:
+            after = stream.queue[0].after
+            if isinstance(after, _Mark) and after.stream is not None:
+                behind.add(after.stream)
+            elif isinstance(after, _Reached):
+                behind |= {s for s in self._busy for w in s.queue
+                           if w.writes is not None and after.flag in w.writes[0]}
+        ends = [s for s in self._busy if s not in behind] or list(self._busy)
+        return min(ends, key=lambda s: s.queue[0].seq)
+
+    def drop_stuck_work(self) -> None:
+        """A scenario ended early: run what it left queued that can run, drop what never can."""
+        if not self._run_all():
+            self._drop()
+
     # ---- the host ---------------------------------------------------------------------
     def _query(self, event: SimEvent) -> bool:
         self._run_until(self.host_clock)
@@ -466,7 +556,7 @@ class SimDevice(Device):
         if mark is not None:
             while not self._until_done(mark, math.inf):
                 if not self._gates:
-                    raise HarnessError(f"event {event.id} can never complete")
+                    raise self._never_runs("the host waits", mark)
                 self._gates[0].expire()
             self.host_clock = max(self.host_clock, mark.time or 0.0)
             self._land_until(self.host_clock)
@@ -486,18 +576,14 @@ class SimDevice(Device):
         return True
 
     def synchronize(self, timeout_s: float = 30.0) -> None:
-        # Virtual time always finishes (a held gate's watchdog opens it); the timeout
-        # matters only on real devices.
-        while True:
-            self._run_until(math.inf)
-            if not self._pending():
-                break
-            if not self._gates:
-                raise HarnessError("work on the simulator can never run (waits on nothing that comes)")
-            self._gates[0].expire()
+        # Virtual time always finishes (a held gate's watchdog opens it) unless some work waits on
+        # nothing that comes; the timeout matters only on real devices.
+        if not self._run_all():
+            head = self._stuck_head()
+            raise self._never_runs(f"stream '{head.name}' waits", head.queue[0].after)
         ends = [s.free for s in self._streams]  # a stream gone had ended before these
         self.host_clock = max([self.host_clock, *ends])
-        self._note(HostSync())
+        self._synchronized()
 
     def gate(self, timeout_s: float) -> SimGate:
         return SimGate(self, timeout_s)

@@ -284,11 +284,18 @@ class Trace:
     `marks` holds (stream id, name, kind, begin marker, end marker) for each op the
     device timed while tracing; markers become times only once the work has run
     (`Device.timeline`).
+
+    `flag_values` holds, for each flag that exists when the trace starts (or is made during
+    it), every value it may hold then: the value its writes left at the host's last
+    synchronize, and the value of every write enqueued since, which may or may not have run.
+    A value wait is released by that value only if one of them reaches the target. A flag
+    not in it (an op list built by hand) may hold anything.
     """
 
     ops: list[Op] = field(default_factory=list)
     stream_names: dict[StreamId, str] = field(default_factory=dict)
     marks: list[tuple] = field(default_factory=list)
+    flag_values: dict[FlagId, tuple[int, ...]] = field(default_factory=dict)
 
     def add(self, op: Op) -> None:
         self.ops.append(op)

@@ -211,9 +211,11 @@ def run_scenario(
         if gate is not None:
             gate.close()  # nothing stays blocked behind a scenario that failed
         if not ended:
-            # It ended early (an error, an interrupt): give back what it built before the
-            # next scenario allocates. Drop this frame's references first, so that the
-            # collector can free the testbed, and only then return the cached blocks.
+            # It ended early (an error, an interrupt): nothing it left queued may hold up the next
+            # scenario, and what it built goes back before the next one allocates. Drop this
+            # frame's references first, so that the collector can free the testbed, and only then
+            # return the cached blocks.
+            dev.drop_stuck_work()
             tb = oracle = runner = replay = None  # noqa: F841
             gc.collect()
             if torch.cuda.is_initialized():

@@ -288,6 +288,18 @@ def test_a_value_wait_node_on_a_flag_written_after_the_copy_orders_the_reader():
     assert check_replays(value_story(*FLAG_AFTER_COPY, previous=False), {GRAPH: VRIGHT}) == []
 
 
+def test_a_value_node_is_released_by_the_flags_value_from_before_the_trace_only_where_it_reaches():
+    # Nothing re-arms F0: what it held when the trace started decides (ARMED: only this op's write
+    # releases the node; LOADED, or not known: the previous op's value may).
+    t = value_story(*FLAG_AFTER_COPY, rearm=False, previous=False)
+    t.flag_values = {F0: (ARMED,)}
+    assert check_replays(t, {GRAPH: VRIGHT}) == []
+    for values in ({F0: (ARMED, LOADED)}, {}):
+        t.flag_values = values
+        (f,) = check_replays(t, {GRAPH: VRIGHT})
+        assert f.node == 1, values
+
+
 def test_the_flag_written_before_the_copy_is_found():
     (f,) = check_replays(value_story(FlagWrite(LOAD, (F0,), LOADED), Copy(LOAD, K0)), {GRAPH: VRIGHT})
     assert (f.kind, f.node, f.copy_region) == (RaceKind.READ_AFTER_WRITE, 1, K0)

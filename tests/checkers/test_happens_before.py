@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import pytest
@@ -11,6 +12,8 @@ from harness.records.races import RaceKind
 from harness.records.trace import (
     Copy,
     Delay,
+    FlagWait,
+    FlagWrite,
     HostSync,
     Kernel,
     Record,
@@ -238,3 +241,132 @@ def test_describe_is_one_line_naming_stream_and_region():
         assert "load" in text and "forward" in text
         assert str(f.access_region) in text and str(f.copy_region) in text
         assert f.what in text
+
+
+# ---- value waits on a generation counter: what a flag holds when the trace starts ---------
+
+
+class GenerationFence:
+    """An eager design with a wait target that grows with each load op: the load stream writes each
+    layer's flag to the op's generation right after that layer's copies, and every accessor waits
+    until the flag reaches the current generation. Nothing re-arms the flags: the value a flag holds
+    from the previous op is one generation short, so it can never release this op's waits."""
+
+    written_at_start = False  # the twin: the generation written before the copies
+
+    def setup(self, s) -> None:
+        self.flags = s.dev.Flags(s.counter.num_layers, 0)
+        self.generation = 0
+        s.on_load_start(self._start)
+        if not self.written_at_start:
+            s.on_layer_loaded(lambda layer: self.flags.write(layer, self.generation))
+        s.add_wait(lambda counter, layer_id, pool: self.flags.wait(layer_id, self.generation))
+
+    def _start(self) -> None:
+        self.generation += 1
+        if self.written_at_start:
+            self.flags.write_all(self.generation)  # on the scheduling stream: before the op's copies
+
+    def __call__(self, ctx) -> None:
+        return None  # the waits are the accessors'
+
+
+class GenerationWrittenAtStart(GenerationFence):
+    written_at_start = True
+
+
+def _generation_run(fence: str):
+    from harness.devices.sim import SimDevice
+    from harness.records.scenario import Backend, Expect, Fault, FaultKind
+    from harness.run.pipeline import run_scenario
+    from tests.support.builders import small_scenario
+
+    s = small_scenario(backend=Backend.EAGER, accessor="none", fence=f"{__name__}:{fence}",
+                       fault=Fault(FaultKind.GATE), expect=Expect.CLEAN, replays=4)
+    return run_scenario(s, SimDevice())
+
+
+def test_a_generation_counter_fence_is_clean_in_the_analysis_and_the_data():
+    r = _generation_run("GenerationFence")
+    assert r.error is None, r.error
+    assert r.findings == [], [f.describe() for f in r.findings]
+    assert r.tally.replays == 4 and r.tally.stale_replays == 0
+    assert r.met
+
+
+def test_a_generation_written_before_the_copies_is_a_race_in_the_analysis_and_the_data():
+    r = _generation_run("GenerationWrittenAtStart")
+    assert r.error is None, r.error
+    assert RaceKind.READ_AFTER_WRITE in {f.kind for f in r.findings}
+    assert r.tally.stale_replays == 4
+    assert not r.met
+
+
+def _generations(loads: int, *, grown: bool = True) -> tuple[list, list[Finding]]:
+    """`loads` load ops on the simulator, each writing its generation to the flag after its copy, and
+    a forward after each that waits for the flag to reach its op's generation (or, not `grown`, the
+    first op's) and reads: what each read saw, and the findings of the last op's trace."""
+    import torch
+
+    from harness.devices.sim import SimDevice
+
+    dev = SimDevice()
+    load, fwd = dev.Stream("load"), dev.Stream("forward")
+    flags = dev.Flags(1, 0)
+    dst, seen, trace = torch.zeros(4), [], None
+    for generation in range(1, loads + 1):
+        src = torch.full((4,), float(generation))
+        with contextlib.ExitStack() as last:
+            if generation == loads:
+                trace = last.enter_context(dev.tracing())
+            with dev.stream(fwd):
+                start = dev.Event()
+                start.record()
+            with dev.stream(load):
+                start.wait()
+                dev.delay(500.0)  # the copy lands well after the forward is launched
+                dev.copy_async(dst, src, K0)
+                flags.write(0, generation)
+            with dev.stream(fwd):
+                flags.wait(0, generation if grown else 1)
+                dev.launch(lambda: seen.append(dst[0].item()), reads=[K0], what="L0 attention")
+            dev.synchronize()
+    assert trace is not None
+    return seen, find_races(trace)
+
+
+def test_a_wait_target_that_grows_with_each_load_is_ordered_after_that_loads_write():
+    # The trace of the third load starts with the flag at 2: only the write of 3 can release the wait.
+    seen, findings = _generations(3)
+    assert seen == [1.0, 2.0, 3.0]
+    assert findings == []
+
+
+def test_a_wait_target_that_does_not_grow_is_released_by_the_value_before_the_trace():
+    # The flag holds 2 when the trace starts, and a wait for 1 passes at once: a stale read.
+    seen, findings = _generations(3, grown=False)
+    assert seen[1:] == [1.0, 2.0]
+    assert [f.kind for f in findings] == [RaceKind.READ_AFTER_WRITE]
+
+
+F0 = 300
+
+
+def _value_story(*ops, flag_values=None) -> Trace:
+    t = story(*ops)
+    if flag_values is not None:
+        t.flag_values = flag_values
+    return t
+
+
+GENERATION_3 = (Copy(LOAD, K0), FlagWrite(LOAD, (F0,), 3), FlagWait(FWD, F0, 3), read(FWD, K0))
+
+
+def test_a_flag_value_from_before_the_trace_short_of_the_target_releases_nothing():
+    assert find_races(_value_story(*GENERATION_3, flag_values={F0: (2,)})) == []
+
+
+def test_a_flag_value_from_before_the_trace_that_reaches_the_target_may_release_the_wait():
+    for values in ({F0: (3,)}, {F0: (2, 4)}, None):  # None: not known, it may hold anything
+        (f,) = find_races(_value_story(*GENERATION_3, flag_values=values))
+        assert f.kind is RaceKind.READ_AFTER_WRITE, values

@@ -15,7 +15,7 @@ import torch
 
 from harness.devices.sim import SimCosts, SimDevice
 from harness.protocol.loadback import LayerDoneCounter
-from harness.records.errors import CaptureInvalidated
+from harness.records.errors import CaptureInvalidated, HarnessError
 from harness.records.trace import Copy, Delay, HostSync, HostWait, Kernel, Record, Region, Replay, Wait
 
 POISON = -1.0
@@ -343,3 +343,129 @@ def test_same_story_twice_gives_same_trace_data_and_times():
         assert x.equal(y)
     assert [type(op) for op in a[0]] == [Delay, Copy, Record, Kernel, Wait, Kernel, HostSync]
     assert not a[2].equal(a[3])  # before the wait it saw poison, after it the copy
+
+
+# ---- what a flag may hold when a trace starts ------------------------------------------------
+
+
+def _flags_at_trace_start(dev: SimDevice) -> dict[int, tuple[int, ...]]:
+    with dev.tracing() as trace:
+        pass
+    return trace.flag_values
+
+
+def test_a_trace_starts_from_what_each_flag_may_hold():
+    dev = SimDevice()
+    load, fwd = dev.Stream("load"), dev.Stream("forward")
+    flags = dev.Flags(2, 0)
+    f0, f1 = flags.ids
+    assert _flags_at_trace_start(dev) == {f0: (0,), f1: (0,)}
+    with dev.stream(load):
+        dev.delay(100.0)
+        flags.write(0, 3)  # enqueued, not known to have run: the old value and the new
+    assert _flags_at_trace_start(dev)[f0] == (0, 3)
+    dev.synchronize()
+    assert _flags_at_trace_start(dev) == {f0: (3,), f1: (0,)}
+    with dev.stream(load):
+        flags.write(0, 4)
+        flags.write(0, 5)  # the same stream: 5 overwrites 4
+    with dev.stream(fwd):
+        flags.write_all(7)  # another stream: either may run last
+    dev.synchronize()
+    assert _flags_at_trace_start(dev) == {f0: (5, 7), f1: (7,)}
+
+
+def test_a_captured_flag_write_changes_the_flag_only_when_replayed():
+    dev = SimDevice()
+    flags = dev.Flags(1, 0)
+    (f0,) = flags.ids
+    graph = dev.capture(lambda: flags.write(0, 2), warmup=0)
+    dev.synchronize()
+    assert _flags_at_trace_start(dev) == {f0: (0,)}
+    graph.replay()
+    dev.synchronize()
+    assert _flags_at_trace_start(dev) == {f0: (2,)}
+
+
+def test_flags_made_while_tracing_start_the_trace_at_their_initial_value():
+    dev = SimDevice()
+    with dev.tracing() as trace:
+        flags = dev.Flags(1, 9)
+    assert trace.flag_values == {flags.ids[0]: (9,)}
+
+
+# ---- work that can never run ------------------------------------------------------------------
+
+
+def _never(fn) -> str:
+    with pytest.raises(HarnessError) as info:
+        fn()
+    text = str(info.value)
+    assert text.startswith("work on the simulator can never run: ") and "\n" not in text
+    return text.removeprefix("work on the simulator can never run: ")
+
+
+def test_work_that_can_never_run_is_named_by_its_stream_its_wait_and_what_that_waits_for():
+    dev = SimDevice()
+    load, fwd = dev.Stream("load"), dev.Stream("forward")
+    flags = dev.Flags(1, 0)
+    (f,) = flags.ids
+    with dev.stream(fwd):
+        flags.wait(0, 5)
+    assert _never(dev.synchronize) == (f"stream 'forward' waits until flag f{f} >= 5, which nothing can release: "
+                                       f"f{f} holds 0, and no write of it queued on any stream reaches 5")
+    with dev.stream(load):
+        flags.wait(0, 5)
+        done = dev.Event()
+        done.record()
+        flags.write(0, 6)
+    with dev.stream(fwd):
+        done.wait()
+    # The forward's wait is the end of the chain; its words follow it to the wait that starts it.
+    assert _never(dev.synchronize) == (
+        f"stream 'forward' waits on event e{done.id}, whose record is queued on stream 'load' behind a wait "
+        f"until flag f{f} >= 5, whose write of 6 is queued on stream 'load' behind the wait above (they wait for "
+        "each other)")
+
+
+def test_a_host_wait_on_an_event_that_can_never_complete_names_what_holds_its_record():
+    dev = SimDevice()
+    load = dev.Stream("load")
+    flags = dev.Flags(1, 0)
+    with dev.stream(load):
+        flags.wait(0, 1)
+        done = dev.Event()
+        done.record()
+    assert _never(done.synchronize) == (
+        f"the host waits on event e{done.id}, whose record is queued on stream 'load' behind a wait until flag "
+        f"f{flags.ids[0]} >= 1, which nothing can release: f{flags.ids[0]} holds 0, and no write of it queued on "
+        "any stream reaches 1")
+
+
+def test_after_work_that_can_never_run_the_device_runs_new_work():
+    s = Story(SLOW)
+    flags = s.dev.Flags(1, 0)
+    stuck = s.dev.Event()
+    with s.dev.stream(s.L):
+        flags.wait(0, 1)
+        stuck.record()
+    _never(s.dev.synchronize)
+    s.copy()  # on the stream that was stuck
+    seen = []
+    with s.dev.stream(s.F):
+        stuck.wait()  # a record dropped with the stuck work counts as done: it holds nothing up
+        s.record_on_L().wait()
+        s.dev.launch(lambda: seen.append(s.dst.clone()), reads=[REGION])
+    s.dev.synchronize()
+    assert torch.equal(seen[0], s.src)
+
+
+def test_dropping_stuck_work_runs_what_can_run_first():
+    s = Story(SLOW)
+    flags = s.dev.Flags(1, 0)
+    s.copy()
+    with s.dev.stream(s.F):
+        flags.wait(0, 1)
+    s.dev.drop_stuck_work()
+    assert torch.equal(s.dst, s.src)  # the copy ran; the wait went
+    s.dev.synchronize()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -198,6 +199,41 @@ def test_a_stuck_gate_is_that_scenarios_error_and_the_run_goes_on(tmp_path, stuc
     assert first["name"] == "stuck" and first["error"].startswith("gate-timeout in replay")
     assert second["name"] == "normal" and second["met"] and second["error"] is None
     assert "error: gate-timeout" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fence, says", [
+    ("value_never_written", r"stream 'forward' waits until flag f\d+ >= 5, which nothing can release: "
+                            r"f\d+ holds 0, and no write of it queued on any stream reaches 5$"),
+    ("record_behind_it", r"stream 'forward' waits on event e\d+, whose record is queued on stream 'load' "
+                         r"behind a wait until flag f\d+ >= 5, which nothing can release: f\d+ holds 0, "
+                         r"and no write of it queued on any stream reaches 5$"),
+])
+def test_work_that_can_never_run_is_that_scenarios_error_naming_its_wait_and_the_run_goes_on(
+        tmp_path, monkeypatch, fence, says):
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "plugins"))
+    path = scenario_file(tmp_path, "stuck", "normal", "after",
+                         extra={"stuck": f'fence = "never_released:{fence}"'})
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--device", "sim", "--out", str(out)]) == 1
+    stuck, normal, after = results(out)["scenarios"]
+    assert stuck["error"].startswith("work on the simulator can never run: "), stuck["error"]
+    assert re.search(says, stuck["error"]), stuck["error"]
+    assert "\n" not in stuck["error"]
+    assert normal["met"] and normal["error"] is None
+    assert after["met"] and after["error"] is None
+
+
+def test_work_left_stuck_by_a_scenario_that_failed_otherwise_does_not_reach_the_next(tmp_path, monkeypatch):
+    # The stuck scenario's host wait times out (its own error) with the wait still queued: the
+    # next scenario's synchronizes must not meet it.
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "plugins"))
+    path = scenario_file(tmp_path, "stuck", "normal",
+                         extra={"stuck": 'fence = "never_released:host_waits_behind_it"'})
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--device", "sim", "--out", str(out), "--timeout", "2"]) == 1
+    stuck, normal = results(out)["scenarios"]
+    assert stuck["error"] == "a fence's host wait did not finish within 2s"
+    assert normal["met"] and normal["error"] is None, normal["error"]
 
 
 def test_a_hung_replay_is_that_scenarios_error_and_the_run_goes_on(tmp_path, monkeypatch):
