@@ -83,11 +83,14 @@ XDIST       = $(shell [ $(GPU_WORKERS) -gt 1 ] && $(PYTHON) -c 'import xdist' 2>
 # variant of the mutant kill matrix (the plugin's --harness-mutants), spread over the GPUs as one
 # pool of items. It writes results.json (the kill matrix as its mutants section), summary.md and
 # junit.xml, and appends summary.md to $GITHUB_STEP_SUMMARY when set, whether or not it passed.
+# GPU_TEST_ARGS: more pytest arguments, e.g. a CI matrix job's --harness-shard K/N.
+GPU_TEST_ARGS ?=
 gpu-test:
 	mkdir -p $(REPORTS)
 	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu -p no:cacheprovider -p harness.frontends.pytest_plugin $(XDIST) \
 		--junitxml=$(REPORTS)/junit.xml --harness-device cuda --harness-report $(REPORTS) \
-		--harness-scenarios $(wildcard scenarios/*.toml) --harness-mutants $(wildcard scenarios/mutants/*.toml)
+		--harness-scenarios $(wildcard scenarios/*.toml) --harness-mutants $(wildcard scenarios/mutants/*.toml) \
+		$(GPU_TEST_ARGS)
 
 # Every scenario of scenarios/*.toml, the fidelity set and the kill matrix on the GPU, on a quiet
 # device (another process's work moves the timing races): tests/run/test_fidelity.py checks the

@@ -4,13 +4,15 @@ shards run apart and merged give the verdicts of one unsharded run."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from harness.frontends.cli import main
 from harness.input.shard import Shard
-from tests.support.paths import DATA
+from tests.support.paths import DATA, ROOT
 
 # tiny.toml's two scenarios fall in shard 1 of 2; the breakable pair splits across both shards,
 # so the merge has to find a fenced / unfenced pair whose halves ran on two runners.
@@ -105,6 +107,18 @@ def test_merging_what_does_not_belong_together_is_one_line_exit_2(runs, tmp_path
     assert main(["merge", str(tmp_path / "nowhere"), "--out", str(tmp_path / "m")]) == 2
     assert "nowhere: cannot read: No such file or directory" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
+
+
+def test_merge_imports_no_torch(runs, tmp_path):
+    # The CI job that merges the GPU shards runs on a plain runner, with the dependencies but torch
+    # (.github/workflows/gpu-gate.yml).
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "harness", "merge", str(runs / "s1"),
+                           str(runs / "s2"), "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    modules = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    assert "harness.report.merge" in modules and "torch" not in modules
+    assert (tmp_path / "report.html").is_file()
 
 
 def test_the_shards_of_a_kill_matrix_merge_into_one_matrix(four, tmp_path, capsys):
