@@ -8,5 +8,6 @@ traces of stream timelines, and a comparison of two runs.
     html, plots  report.html and its figures (matplotlib, imported only when plotting)
     timeline     `write_chrome_trace` for Perfetto / chrome://tracing
     compare      `compare(new, baseline)`: new races, unmet expectations, cost regressions
+    merge        `merge_documents`: the shards of a CI matrix (or several whole runs) as one document
     cli          the `report` and `compare` subcommands, `write_all`, `append_step_summary`
 """
