@@ -29,6 +29,9 @@ from harness.frontends.cli_args import (
 )
 from harness.frontends.fence_commands import HANDLERS as FENCE_HANDLERS
 from harness.frontends.fence_commands import add_commands as add_fence_commands
+from harness.frontends.merge_commands import HANDLERS as MERGE_HANDLERS
+from harness.frontends.merge_commands import add_commands as add_merge_commands
+from harness.frontends.merge_commands import cut, shard_argument
 from harness.frontends.report_commands import HANDLERS as REPORT_HANDLERS
 from harness.frontends.report_commands import add_commands as add_report_commands
 from harness.frontends.session import (
@@ -60,6 +63,7 @@ exit codes:
   1    a scenario did not, or ended in an error (a replay past its timeout, out of
        memory): the run goes on with the next one; a mutant survived or a correct
        variant was flagged; a soak's false positive; compare: a regression;
+       merge: a merged scenario did not, or a shard is missing;
        graph-check: a graph verdict disagreed with an expectation, or an error
   2    bad input (one line naming the file, the key and what is valid), a usage
        error, no command; no usable device (--device cuda without CUDA), or a
@@ -107,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     out_argument(run)
     common(run)
     selection_arguments(run)
+    shard_argument(run)
     run.add_argument("--until-confidence", type=interval_width, metavar="W",
                      help="after each scenario's replays, keep replaying until its stale rate's 95%% interval "
                           "(Clopper-Pearson) is narrower than W, e.g. 0.05; at --max-replays it stops there, "
@@ -130,7 +135,9 @@ def _parser() -> argparse.ArgumentParser:
     out_argument(mutants)
     common(mutants)
     selection_arguments(mutants)
+    shard_argument(mutants)
     add_report_commands(sub)
+    add_merge_commands(sub)
     add_fence_commands(sub)
     soak.add_command(sub)
     engine_matrix.add_command(sub)
@@ -148,7 +155,7 @@ def _load(files: list[Path], args: argparse.Namespace, default: list[Path] | Non
     if not paths:
         raise InputError("scenario files", "", "none given and none found: no scenarios/*.toml here and no bundled "
                                                "set installed; give files")
-    scenarios = select_by_keyword(load_files(paths), getattr(args, "keyword", None))
+    scenarios = cut(select_by_keyword(load_files(paths), getattr(args, "keyword", None)), args)
     overrides = {}
     for kind in Kind:
         name = getattr(args, kind.value, None)
@@ -171,6 +178,7 @@ class _Run:
     results: list[ScenarioResult] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     stop: Stop | None = None
+    shard: dict = field(default_factory=dict)  # run --shard: what results.json records of it
 
     @property
     def not_run(self) -> list[str]:
@@ -178,8 +186,8 @@ class _Run:
 
     @property
     def sections(self) -> dict:
-        """What results.json adds for this run: the scenarios it skipped, when there were any."""
-        return {"skipped": self.skipped} if self.skipped else {}
+        """What results.json adds for this run: the scenarios it skipped, when there were any; its shard."""
+        return {**({"skipped": self.skipped} if self.skipped else {}), **self.shard}
 
     def partial(self, device: dict, out: Path, sections: dict | None = None) -> int:
         code = write_partial(self.stop, self.results, device, out, self.started,  # type: ignore[arg-type]
@@ -238,7 +246,8 @@ def _run_all(scenarios: list[Scenario], dev: Device, args: argparse.Namespace,
     from harness.report.results import run_environment, scenario_entry
 
     chosen, skipped = runnable(scenarios, dev.name)
-    run = _Run(chosen, RunConsole(), [{"name": s.name, "why": s.skip_reason(dev.name)} for s in skipped])
+    run = _Run(chosen, RunConsole(), [{"name": s.name, "why": s.skip_reason(dev.name)} for s in skipped],
+               shard=getattr(args, "shard_sections", {}))
     # Each finished scenario goes to the journal as it finishes: a run killed before it writes
     # results.json (SIGKILL) still leaves them, for `fence-harness report DIR` to rebuild.
     journal.clear(args.out)
@@ -424,7 +433,7 @@ def _command(args: argparse.Namespace) -> int:
     """The command's handler, under the interrupt handlers; a HarnessError as one line."""
     handlers = {"run": cmd_run, "repro": cmd_repro, "mutants": cmd_mutants, "soak": soak.cmd_soak,
                 "engine-matrix": engine_matrix.cmd_engine_matrix, "graph-check": graph_check.cmd_graph_check,
-                **REPORT_HANDLERS, **FENCE_HANDLERS, **sanitizer_commands.HANDLERS}
+                **REPORT_HANDLERS, **MERGE_HANDLERS, **FENCE_HANDLERS, **sanitizer_commands.HANDLERS}
     if getattr(args, "json", False):
         return _with_json_summary(handlers[args.command], args)
     try:

@@ -4,7 +4,7 @@ Loaded by the `fence_harness` pytest11 entry point where the package is
 installed, or with `-p harness.frontends.pytest_plugin` where it is only on the path.
 
     pytest --harness-scenarios scenarios/default.toml [--harness-device sim]
-           [--harness-replays N] [--harness-report DIR] [-n N]
+           [--harness-replays N] [--harness-report DIR] [--harness-shard K/N] [-n N]
 
 Every scenario becomes an item `FILE::NAME`, marked `gpu` (CUDA device) or `sim`;
 it passes when the scenario meets its expectation. Each setting can also come
@@ -83,6 +83,12 @@ def _paths(raw: str) -> list[str]:
     return paths
 
 
+def _shard(raw: str):
+    from harness.input.shard import parse_shard
+
+    return parse_shard(raw)  # a ValueError says what is valid
+
+
 def _path(raw: str) -> str:
     if not raw.strip():
         raise ValueError("expected a folder")
@@ -117,6 +123,10 @@ SETTINGS = (
              "a mutant is killed or a correct variant is clean; the report gets the kill matrix", is_path=True),
     _Setting("report", _path, "folder for results.json and summary.md (default: reports/ at the rootdir)",
              is_path=True),
+    _Setting("shard", _shard, "run only shard K of N of the items (a CI matrix's job K; `fence-harness merge` "
+             "combines the shards' results.json): scenario items by a stable hash of the scenario's name, the "
+             "same split as `fence-harness run --shard K/N`, every other test by its node id; the rest are "
+             "deselected. A shard that holds none of the scenarios given is a usage error: use fewer shards"),
 )
 
 
@@ -127,6 +137,7 @@ class Settings:
     scenarios: list[Path] = field(default_factory=list)
     mutants: list[Path] = field(default_factory=list)
     report: Path = Path("reports")
+    shard: Any = None  # harness.input.shard.Shard: --harness-shard
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -297,6 +308,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
     try:  # one load: a name used in two files is an error, as it is for `fence-harness run`
         state.scenarios = load_files(paths)
+        if state.settings.shard is not None:  # a matrix job that would test no scenario must not go green
+            from harness.input.shard import select
+
+            select(state.scenarios, state.settings.shard, lambda s: s.name, "--harness-shard")
     except InputError as e:
         raise pytest.UsageError(str(e)) from None
     state.matrix_files = {p.resolve() for p in state.settings.mutants}
@@ -342,6 +357,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if set(FIXTURES) & set(getattr(item, "fixturenames", ())):
             marker = marker or _state(config).marker()
             item.add_marker(marker)
+    shard = _state(config).settings.shard
+    if shard is not None:
+        # Every xdist worker of every runner computes the same split: no one hands out the items.
+        kept, others = shard.split(items, shard_key)
+        if others:
+            config.hook.pytest_deselected(items=others)
+            items[:] = kept
+
+
+def shard_key(item: pytest.Item) -> str:
+    """What --harness-shard hashes: a scenario's name (as `fence-harness run --shard` does, so the
+    two split a set alike), else the test's node id."""
+    return item.scenario.name if isinstance(item, ScenarioItem) else item.nodeid
 
 
 class ScenarioFailed(Exception):
@@ -604,15 +632,20 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         doc = journal.rebuild(state.settings.report)
         if doc is None:
             return
+        shard = state.settings.shard
         doc.update(interrupted=interrupted, rebuilt_from="journal",
                    not_run=[s.name for s in state.scenarios if s.name not in {e["name"] for e in doc["scenarios"]}
-                            and s.name not in state.skipped])
+                            and s.name not in state.skipped and (shard is None or shard.holds(s.name))])
     elif not parts:
         return
     else:
         from harness.report.results import command_line
 
         doc = gpu_workers.merge(parts, order=[s.name for s in state.scenarios], command=command_line())
+    if state.settings.shard is not None:
+        from harness.report.merge import shard_sections
+
+        doc.update(shard_sections(state.settings.shard, [s.name for s in state.scenarios]))
     from harness.frontends.report_commands import append_step_summary, write_all
     from harness.report.results import write_results
 

@@ -8,6 +8,7 @@ traces of stream timelines, and a comparison of two runs.
     html, plots  report.html and its figures (matplotlib, imported only when plotting)
     timeline     `write_chrome_trace` for Perfetto / chrome://tracing
     compare      `compare(new, baseline)`: new races, unmet expectations, cost regressions
+    merge        `merge_documents`: the shards of a CI matrix (or several whole runs) as one document
     journal      the append-only journal of finished scenarios a cut-short run is rebuilt from
 
 The `report` and `compare` subcommands are `harness.frontends.report_commands`.

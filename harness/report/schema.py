@@ -92,7 +92,14 @@ A document is one JSON object::
                     (optional) a run cut short: true; "SIGINT" | "SIGTERM" | "device-lost", or
                     "killed" for a document rebuilt from the run's journal (then rebuilt_from:
                     "journal"); the names of the scenarios that did not finish
-    each scenario may also carry worker and gpu_uuid (pytest plugin runs, merged over workers),
+    shard, shard_of (optional: older files lack them) a run of one shard of a CI matrix (`run --shard K/N`,
+                    `mutants --shard K/N`, the pytest plugin's `--harness-shard K/N`): "K/N", and the
+                    names of the scenarios it is one share of, in run order (the same in every shard)
+    merge           (optional) `fence-harness merge`: {runs [{source, shard ("K/N" or null), run_id,
+                    host, gpus, started, finished, scenarios (its count), partial}], shard_count (null:
+                    whole runs merged), shards ["K/N"] (those merged), missing ["K/N"], complete (every
+                    shard of the count there)}; each scenario entry then carries the shard that ran it
+    each scenario may also carry worker and gpu_uuid (pytest plugin runs, merged over workers), shard,
     finding_kinds {kind: count}, stale_pools, final_state_stale_replays, output_only_replays,
     mean_stale_slot_fraction.
 
@@ -235,6 +242,12 @@ SCHEMA = {
     "checking?": Nullable({
         "points": [{"shape": STR, "device_ms": NUMBER, "replays": INT, "replays_per_s": NUMBER,
                     "overhead": NUMBER, "stale_replays": INT}],
+    }),
+    "shard?": Nullable(STR),
+    "shard_of?": Nullable([STR]),
+    "merge?": Nullable({
+        "runs": [{"source": STR, "shard": Nullable(STR), "scenarios": INT, "partial": BOOL}],
+        "shard_count": Nullable(INT), "shards": [STR], "missing": [STR], "complete": BOOL,
     }),
 }
 

@@ -16,7 +16,7 @@ from harness.records.device_settings import SimCosts
 from tests.support.paths import ROOT
 
 TINY = ROOT / "tests" / "data" / "tiny.toml"
-COMMANDS = ("run", "repro", "mutants", "report", "compare", "fences", "bench", "soak")
+COMMANDS = ("run", "repro", "mutants", "report", "merge", "compare", "fences", "bench", "soak")
 
 
 def harness(*argv: str, python_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:

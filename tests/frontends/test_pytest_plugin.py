@@ -43,7 +43,7 @@ WRONG = TINY.replace('fence = "none"\nexpect = "race"', 'fence = "none"\nexpect 
 @pytest.fixture(autouse=True)
 def no_settings_from_outside(monkeypatch):
     """Settings in the caller's environment would change what these runs see."""
-    for name in ("DEVICE", "REPLAYS", "SCENARIOS", "MUTANTS", "REPORT"):
+    for name in ("DEVICE", "REPLAYS", "SCENARIOS", "MUTANTS", "REPORT", "SHARD"):
         monkeypatch.delenv(f"FENCE_HARNESS_{name}", raising=False)
 
 
@@ -197,7 +197,7 @@ def test_markers_options_and_ini_keys_are_registered(pytester):
     assert all(f"@pytest.mark.{m}:" in markers for m in ("gpu", "sim", "slow"))
     helptext = pytester.runpytest(*PLUGIN, "--help").stdout.str()
     assert "fence-harness" in helptext
-    for name in ("device", "replays", "scenarios", "mutants", "report"):
+    for name in ("device", "replays", "scenarios", "mutants", "report", "shard"):
         assert f"--harness-{name}" in helptext and f"harness_{name}" in helptext
         assert f"FENCE_HARNESS_{name.upper()}" in helptext
 
@@ -252,6 +252,8 @@ def test_a_bad_value_is_a_usage_error_naming_its_source(pytester, monkeypatch, w
 @pytest.mark.parametrize("env, value, message", [
     ("FENCE_HARNESS_DEVICE", "gpu", "FENCE_HARNESS_DEVICE=gpu (environment): expected one of auto, cuda, sim"),
     ("FENCE_HARNESS_REPLAYS", "0", "FENCE_HARNESS_REPLAYS=0 (environment): expected a positive integer"),
+    ("FENCE_HARNESS_SHARD", "3/2", "FENCE_HARNESS_SHARD=3/2 (environment): expected K/N with whole numbers "
+                                   "1 <= K <= N, e.g. 1/2, got '3/2'"),
 ])
 def test_other_bad_values(pytester, monkeypatch, env, value, message):
     monkeypatch.setenv(env, value)
@@ -268,6 +270,76 @@ def test_a_bad_scenario_file_is_a_usage_error_with_the_harness_message(pytester)
     assert result.stderr.lines[0].startswith("ERROR: bad.toml: scenario[0].backend: unknown value 'ful'")
     missing = run(pytester, "--harness-scenarios", "nope.toml")
     missing.stderr.fnmatch_lines(["ERROR: nope.toml: no such file"])
+
+
+# ---------------------------------------------------------------- shards
+
+# tiny_attention.toml's two scenarios hash to shard 1 of 2; the breakable pair splits across both.
+SHARDED = TINY + """
+[[scenario]]
+name = "tiny-breakable-none"
+backend = "breakable"
+expect = "clean"
+
+[[scenario]]
+name = "tiny-breakable-final_event"
+backend = "breakable"
+fence = "final_event"
+expect = "clean"
+"""
+SCENARIOS = ["tiny-full-none", "tiny-full-final_event", "tiny-breakable-none", "tiny-breakable-final_event"]
+FUNCTIONS = "".join(f"def test_{i}(): pass\n" for i in range(6))
+
+
+def _passed(result: pytest.RunResult) -> set[str]:
+    return {line.split()[0].split("::")[-1] for line in result.outlines if " PASSED" in line}
+
+
+def test_shards_split_the_items_and_merged_give_the_unsharded_verdicts(pytester):
+    from harness.frontends.cli import main
+    from harness.input.shard import Shard
+
+    pytester.makefile(".toml", four=SHARDED)
+    pytester.makepyfile(test_functions=FUNCTIONS)
+    args = ("--harness-scenarios", "four.toml", "-v")
+    whole = run(pytester, *args, "--harness-report", "whole")
+    whole.assert_outcomes(passed=10)
+    ran = []
+    for k in (1, 2):
+        result = run(pytester, *args, "--harness-shard", f"{k}/2", "--harness-report", f"s{k}")
+        ran.append(_passed(result))
+        outcomes = result.parseoutcomes()
+        assert outcomes["passed"] == len(ran[-1]) and outcomes["passed"] + outcomes["deselected"] == 10
+        doc = json.loads((pytester.path / f"s{k}" / "results.json").read_text())
+        assert doc["shard"] == f"{k}/2"
+        assert doc["shard_of"] == SCENARIOS
+        assert [e["name"] for e in doc["scenarios"]] == [n for n in SCENARIOS if n in ran[-1]]
+    # Every item in one shard and one only: scenarios by name, as `run --shard`, functions by node id.
+    assert not ran[0] & ran[1] and ran[0] | ran[1] == _passed(whole)
+    assert {n for n in ran[1] if n.startswith("tiny-")} == {"tiny-breakable-final_event"}
+    assert ran[1] - {"tiny-breakable-final_event"} == {
+        f"test_{i}" for i in range(6) if Shard(2, 2).holds(f"test_functions.py::test_{i}")}
+    assert main(["merge", str(pytester.path / "s1"), str(pytester.path / "s2"),
+                 "--out", str(pytester.path / "merged")]) == 0
+    merged, unsharded = (json.loads((pytester.path / d / "results.json").read_text()) for d in ("merged", "whole"))
+    verdict = ("name", "expect", "observed", "evidence", "met", "error", "stale_replays", "replays", "findings")
+    assert [[e[k] for k in verdict] for e in merged["scenarios"]] == [
+        [e[k] for k in verdict] for e in unsharded["scenarios"]]
+    assert merged["summary"] == unsharded["summary"] and merged["merge"]["complete"]
+
+
+def test_a_shard_with_no_scenario_is_a_usage_error(pytester, tiny):
+    result = run(pytester, "--harness-scenarios", "race.toml", "--harness-shard", "2/2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --harness-shard: shard 2/2 holds none of the 2 selected scenarios; "
+                                 "a shard that tests nothing must not pass: use fewer shards"])
+
+
+def test_a_bad_shard_on_the_command_line_names_it(pytester):
+    result = pytester.runpytest(*PLUGIN, "--harness-shard", "0/2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --harness-shard=0/2 (command line): expected K/N with whole numbers "
+                                 "1 <= K <= N, e.g. 1/2, got '0/2'"])
 
 
 # ---------------------------------------------------------------- fixtures
@@ -425,3 +497,17 @@ def test_a_session_cut_short_leaves_a_partial_report_of_what_finished(pytester, 
         assert doc["interrupted"] == "killed"
     assert doc["partial"] is True and doc["rebuilt_from"] == "journal"
     assert [s["name"] for s in doc["scenarios"]] == finished and all(s["met"] for s in doc["scenarios"])
+
+
+def test_a_shard_cut_short_names_only_its_own_scenarios_as_not_run(pytester):
+    # Shard 1 of 3 holds all but tiny-full-none: that one is another runner's, never "not run" here.
+    pytester.makepyfile(stopper=STOPPER)
+    pytester.makefile(".toml", cut=CUT.replace("{how}", "term"))
+    result = pytester.runpytest_subprocess(*PLUGIN, "-p", "no:cacheprovider", "--harness-device", "sim",
+                                           "--harness-scenarios", "cut.toml", "--harness-report", "out",
+                                           "--harness-shard", "1/3", timeout=300)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    doc = json.loads((pytester.path / "out" / "results.json").read_text())
+    assert (doc["shard"], doc["interrupted"]) == ("1/3", "SIGTERM")
+    assert [s["name"] for s in doc["scenarios"]] == ["tiny-full-final_event"]
+    assert doc["not_run"] == ["tiny-stops-here", "tiny-after"]
