@@ -80,9 +80,6 @@ class _Flag:
 
     writes: list[tuple[float, int, int]]
 
-    def value_at(self, t: float) -> int:
-        return self.writes[bisect.bisect_right(self.writes, (t, math.inf)) - 1][2]
-
 
 @dataclass(eq=False)
 class _Reached:
