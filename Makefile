@@ -63,7 +63,7 @@ engine-matrix: $(ENGINE_VENV)/.installed
 # For a GPU host with no package index: .engines/carry holds each release's imported files, stubs
 # of its compiled-kernel packages and the wheels the GPU image lacks (see harness/frontends/engine_pack.py).
 engine-pack: $(ENGINE_VENV)/.installed
-	$(EPY) -m harness.frontends.engine_pack --releases 0.5.22,0.5.23 --engines-dir $(ENGINES_DIR)
+	$(EPY) -m harness engine-pack --releases 0.5.22,0.5.23 --engines-dir $(ENGINES_DIR)
 
 ifeq ($(HAS_TORCH),yes)
 run:
@@ -76,7 +76,7 @@ endif
 # One pytest worker per GPU (pytest-xdist, when the runner has it and more than one GPU): workers
 # sharing one GPU share its timing, and race rates move. worksteal: an idle worker takes items
 # from a busy one, so one slow scenario does not leave the other GPUs idle at the end.
-GPU_WORKERS = $(shell PYTHONPATH=. $(PYTHON) -m harness.frontends.gpu_workers count 2>/dev/null || echo 1)
+GPU_WORKERS = $(shell PYTHONPATH=. $(PYTHON) -m harness gpu-workers count 2>/dev/null || echo 1)
 XDIST       = $(shell [ $(GPU_WORKERS) -gt 1 ] && $(PYTHON) -c 'import xdist' 2>/dev/null && echo -p xdist -n $(GPU_WORKERS) --dist worksteal)
 
 # One pytest session: the GPU tests, one test item per scenario of the default set, and one per
