@@ -3,6 +3,8 @@
 # make test-engine  the engine adapter's tests, against an installed sglang 0.5.23 (own venv)
 # make engine-matrix the engine scenarios on sglang 0.5.20-0.5.23, each release in its own process
 # make engine-pack   .engines/carry: releases 0.5.22 and 0.5.23 for a GPU host with no package index
+# make engine-from-pack  on that GPU host: the engine scenarios on each release of the pack, on the
+#                host's own torch (nothing installed into its interpreter)
 # make run       the default scenario set: on the GPU when torch sees one, else on the CPU simulator
 #                (which skips the natural set's serving shapes, scenarios/natural.toml)
 # make gpu-test  the pull-request gate: GPU tests + every scenario of the default, faults and
@@ -24,7 +26,7 @@ PYTHON    ?= python3
 HAS_TORCH := $(shell $(PYTHON) -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)' \
 	>/dev/null 2>&1 && echo yes)
 
-.PHONY: test test-engine engine-matrix engine-pack run gpu-test gpu-nightly gpu-verdicts bench clean
+.PHONY: test test-engine engine-matrix engine-pack engine-from-pack run gpu-test gpu-nightly gpu-verdicts bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -68,7 +70,30 @@ engine-matrix: $(ENGINE_VENV)/.installed
 # For a GPU host with no package index: .engines/carry holds each release's imported files, stubs
 # of its compiled-kernel packages and the wheels the GPU image lacks (see harness/frontends/engine_pack.py).
 engine-pack: $(ENGINE_VENV)/.installed
-	$(EPY) -m harness.frontends.engine_pack --releases 0.5.22,0.5.23 --engines-dir $(ENGINES_DIR)
+	$(EPY) -m harness engine-pack --releases 0.5.22,0.5.23 --engines-dir $(ENGINES_DIR)
+
+# On the GPU host, with the pack brought over (one release's folder, stubs and wheels are enough):
+# the wheels go into a temporary folder (pip --no-index --no-deps --target; it goes when the run
+# ends), which joins the stubs on PYTHONPATH, and engine-matrix runs every release of the pack
+# (PACK_RELEASES) from its folder on the host's own torch. PACK_REPLAYS: replays a scenario (empty:
+# each scenario's own); PACK_DEVICE sim runs it on the simulator (shrunk models) instead.
+PACK          ?= $(ENGINES_DIR)/carry
+PACK_RELEASES ?= $(subst $(space),$(comma),$(strip $(patsubst $(PACK)/sglang-%,%,$(wildcard $(PACK)/sglang-*))))
+PACK_REPLAYS  ?=
+PACK_DEVICE   ?= cuda
+empty :=
+space := $(empty) $(empty)
+comma := ,
+engine-from-pack:
+	@test -n "$(PACK_RELEASES)" || { echo "make: no sglang-VERSION folder in $(PACK): run make engine-pack where pip \
+	reaches the package index, and bring $(PACK) here" >&2; exit 2; }
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	if ls $(PACK)/wheels/*.whl >/dev/null 2>&1; then \
+		$(PYTHON) -m pip install -q --no-index --no-deps --target "$$tmp" $(PACK)/wheels/*.whl || exit 2; \
+	fi && \
+	PYTHONPATH="$$tmp:$(abspath $(PACK))/stubs:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) -m harness \
+		engine-matrix --releases $(PACK_RELEASES) --engines-dir $(PACK) --device $(PACK_DEVICE) \
+		$(if $(PACK_REPLAYS),--replays $(PACK_REPLAYS)) --out $(REPORTS)/engine-matrix
 
 ifeq ($(HAS_TORCH),yes)
 run:

@@ -87,9 +87,6 @@ class _Flag:
     writes: list[tuple[float, int, int]]
     id: int = 0
 
-    def value_at(self, t: float) -> int:
-        return self.writes[bisect.bisect_right(self.writes, (t, math.inf)) - 1][2]
-
 
 @dataclass(eq=False)
 class _Reached:

@@ -299,20 +299,21 @@ def _pool_of(ctx: Any) -> Any:
     return engine_pool if engine_pool is not None else SimpleNamespace(layer_transfer_counter=ctx.counter)
 
 
-def _strategy(waits: bool):
+def _strategy(waits: bool, description: str):
     """A fence that is a fresh object per scenario (the harness calls `make()` once each)."""
 
     def make() -> EngineExecuteFence:
         return EngineExecuteFence(eng.load(), waits=waits)
 
     make.makes_strategy = True  # type: ignore[attr-defined]
+    make.__doc__ = description  # what `fence-harness list fences` says of it
     return make
 
 
 FENCES = {
-    # The release's own PrefillCudaGraphRunner.execute around the harness's graph replay.
-    "engine_execute": _strategy(waits=True),
-    # The same call with every wait the engine's counter would enqueue during it dropped:
-    # whatever a release waits on before replay, removed, without naming it (teeth).
-    "engine_execute_nowait": _strategy(waits=False),
+    "engine_execute": _strategy(True, "The installed SGLang release's own PrefillCudaGraphRunner.execute around "
+                                      "the harness's graph replay (engine = \"sglang\")."),
+    # Whatever a release waits on before replay, removed, without naming it (teeth).
+    "engine_execute_nowait": _strategy(False, "Mutant: the release's own execute with every wait the engine's "
+                                              "counter would enqueue during it dropped."),
 }

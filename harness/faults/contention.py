@@ -11,11 +11,12 @@ streams, and pinned copies of `copy_mib` MiB issued back to back, each direction
 of its own; every stream keeps at most DEPTH items in flight, so the device stays busy and
 the queue never grows. It runs
 
-- in another process (`process = "separate"`, the default): `python -m harness.faults.contention`,
-  a second CUDA context on the same GPU, time-sliced with the harness's as another tenant's
-  would be. It says "ready" once each of its streams has finished one item, and stops on
-  end-of-file on its stdin, SIGTERM, or its parent's death (PR_SET_PDEATHSIG on Linux; the
-  stdin pipe closes with the parent anywhere), then prints what it achieved as one JSON line.
+- in another process (`process = "separate"`, the default): `python -m harness pressure-workload`
+  (a hidden command that runs `serve`), a second CUDA context on the same GPU, time-sliced
+  with the harness's as another tenant's would be. It says "ready" once each of its streams
+  has finished one item, and stops on end-of-file on its stdin, SIGTERM, or its parent's
+  death (PR_SET_PDEATHSIG on Linux; the stdin pipe closes with the parent anywhere), then
+  prints what it achieved as one JSON line.
   `OtherProcess` starts it, waits for "ready" with a timeout, and stops it: end-of-file, then
   SIGTERM, then SIGKILL, each after a grace period, so no child outlives its scenario;
 - or in threads of the harness's own process (`process = "same"`, `InProcess`): its streams
@@ -30,7 +31,6 @@ does to the race window.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import json
@@ -285,7 +285,7 @@ class OtherProcess(Contention):
 
     def __post_init__(self) -> None:
         assert self.spec is not None
-        argv = self.argv or [sys.executable, "-m", "harness.faults.contention", "--device", str(self.device),
+        argv = self.argv or [sys.executable, "-m", "harness", "pressure-workload", "--device", str(self.device),
                              "--spec", json.dumps(as_plain(self.spec)), "--parent", str(os.getpid())]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
@@ -404,21 +404,17 @@ def _die_with_parent(parent: int | None) -> None:
         sys.exit(0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.faults.contention",
-                                description="the pressure fault's contention, until end-of-file on stdin")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--spec", default="{}", help="the Pressure record as JSON")
-    p.add_argument("--parent", type=int, help="the harness's pid: stop when it is gone")
-    args = p.parse_args(argv)
-    _die_with_parent(args.parent)
+def serve(device_name: str = "cuda", spec_json: str = "{}", parent: int | None = None) -> int:
+    """The workload process (`OtherProcess` starts it): the contention of the Pressure record
+    `spec_json`, until end-of-file on stdin, SIGTERM, or the death of `parent` (the harness)."""
+    _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the harness, which stops us
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    raw = json.loads(args.spec)
+    raw = json.loads(spec_json)
     spec = Pressure(**{**raw, "copy": CopyDirection(raw.get("copy", "both")),
                        "process": PressureProcess(raw.get("process", "separate"))})
-    device = torch.device(args.device)
+    device = torch.device(device_name)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     workload = Workload(spec, device)
@@ -443,6 +439,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,6 +29,10 @@ from harness.frontends.cli_args import (
 )
 from harness.frontends.fence_commands import HANDLERS as FENCE_HANDLERS
 from harness.frontends.fence_commands import add_commands as add_fence_commands
+from harness.frontends.gpu_host_commands import HANDLERS as GPU_HOST_HANDLERS
+from harness.frontends.gpu_host_commands import add_commands as add_gpu_host_commands
+from harness.frontends.list_commands import HANDLERS as LIST_HANDLERS
+from harness.frontends.list_commands import add_command as add_list_command
 from harness.frontends.merge_commands import HANDLERS as MERGE_HANDLERS
 from harness.frontends.merge_commands import add_commands as add_merge_commands
 from harness.frontends.merge_commands import cut, shard_argument
@@ -143,6 +147,8 @@ def _parser() -> argparse.ArgumentParser:
     engine_matrix.add_command(sub)
     graph_check.add_command(sub)
     sanitizer_commands.add_command(sub)
+    add_list_command(sub, _load)
+    add_gpu_host_commands(sub)
     return p
 
 
@@ -433,7 +439,8 @@ def _command(args: argparse.Namespace) -> int:
     """The command's handler, under the interrupt handlers; a HarnessError as one line."""
     handlers = {"run": cmd_run, "repro": cmd_repro, "mutants": cmd_mutants, "soak": soak.cmd_soak,
                 "engine-matrix": engine_matrix.cmd_engine_matrix, "graph-check": graph_check.cmd_graph_check,
-                **REPORT_HANDLERS, **MERGE_HANDLERS, **FENCE_HANDLERS, **sanitizer_commands.HANDLERS}
+                **REPORT_HANDLERS, **MERGE_HANDLERS, **FENCE_HANDLERS, **sanitizer_commands.HANDLERS, **LIST_HANDLERS,
+                **GPU_HOST_HANDLERS}
     if getattr(args, "json", False):
         return _with_json_summary(handlers[args.command], args)
     try:

@@ -4,9 +4,10 @@ Each release is installed with `pip install --no-deps --target DIR/sglang-VERSIO
 sglang==VERSION` beside the one environment this command runs in (its dependencies are
 that environment's: the `.[sglang]` extra), unless the folder already holds it (a GPU
 host with no package index gets it carried in). Then, per release, a child process
-with `PYTHONPATH` pointing at that folder runs the scenario files and writes its own
-results; the parent prints one table (release x scenario: verdict, stale replays,
-findings) and writes one results.json whose every row names its release.
+(`python -m harness engine-matrix --in-process`, a hidden option) with `PYTHONPATH`
+pointing at that folder runs the scenario files and writes its own results; the parent
+prints one table (release x scenario: verdict, stale replays, findings) and writes one
+results.json whose every row names its release.
 
 What each scenario expects on each release is the scenario file's (`expect_by_release`);
 this command only says which releases to run. A newer release runs as it is.
@@ -55,6 +56,8 @@ def add_command(subparsers) -> None:
                    help="shrink the models' dimensions so the CPU computes them (default: on the simulator)")
     device_arguments(p)
     out_argument(p, "reports/engine-matrix", "results.json and each release's own folder")
+    # How each release's own process runs: FILES here, on the sglang this process imports.
+    p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,8 @@ def _child_env(target: Path) -> dict[str, str]:
 
 
 def cmd_engine_matrix(args: argparse.Namespace) -> int:
+    if args.in_process:
+        return one_release(args)
     from harness.devices import device_kind
     from harness.report.results import write_results
 
@@ -117,8 +122,8 @@ def cmd_engine_matrix(args: argparse.Namespace) -> int:
     for version in releases:
         target = install(version, args.engines_dir)
         out = args.out / version
-        cmd = [sys.executable, "-m", "harness.frontends.engine_matrix", "--out", str(out), "--device", args.device,
-               "--timeout", str(args.timeout), *[f"--sim-cost={c}" for c in args.sim_costs],
+        cmd = [sys.executable, "-m", "harness", "engine-matrix", "--in-process", "--out", str(out),
+               "--device", args.device, "--timeout", str(args.timeout), *[f"--sim-cost={c}" for c in args.sim_costs],
                *(["--replays", str(args.replays)] if args.replays else []), *(["--small"] if small else []),
                *map(str, files)]
         print(f"== sglang {version} ({target})", flush=True)
@@ -182,32 +187,24 @@ def merged(docs: dict[str, dict], rows: list[Row], codes: dict[str, int], starte
     }
 
 
-# ---------------------------------------------------------------- one release (the child)
+# ---------------------------------------------------------------- one release (its own process)
 
 
-def child(argv: list[str]) -> int:
-    """One release, in this process: run the files and write this release's results.json."""
-    p = argparse.ArgumentParser(prog="engine-matrix (one release)")
-    p.add_argument("files", nargs="+", type=Path)
-    p.add_argument("--replays", type=positive_int)
-    p.add_argument("--small", action="store_true")
-    device_arguments(p)
-    out_argument(p)
-    args = p.parse_args(argv)
-
+def one_release(args: argparse.Namespace) -> int:
+    """One release, in this process (`engine-matrix --in-process`, which the parent starts once per
+    release): run the files and write this release's results.json."""
     from harness.devices import open_device
     from harness.frontends.console import plain_line
     from harness.frontends.session import run_scenarios
     from harness.input.scenario_file import load_files
-    from harness.records.errors import HarnessError
     from harness.report.results import build_results, write_results
 
-    try:
-        scenarios = load_files(args.files)
-        dev = open_device(args.device, args.sim_costs)
-    except HarnessError as e:
-        print(f"fence-harness: {e}", file=sys.stderr)
-        return e.exit_code
+    if not args.files:
+        from harness.records.errors import InputError
+
+        raise InputError("engine-matrix --in-process", "FILES", "give the scenario files to run")
+    scenarios = load_files(args.files)
+    dev = open_device(args.device, args.sim_costs)
     if args.small:
         scenarios = [s.with_overrides(model=dataclasses.replace(s.model, **SMALL)) for s in scenarios]
     results = []
@@ -220,10 +217,6 @@ def child(argv: list[str]) -> int:
     run_scenarios(scenarios, lambda: dev, args.replays, args.timeout, done)
     write_results(args.out, build_results(results, dev.describe(), started, time.time()))
     return 0 if all(r.met for r in results) and len(results) == len(scenarios) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(child(sys.argv[1:]))
 
 
 def _command_line() -> list[str]:

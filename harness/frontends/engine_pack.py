@@ -1,4 +1,5 @@
-"""Pack SGLang releases for a GPU host with no package index (`make engine-pack`).
+"""`fence-harness engine-pack`: SGLang releases packed for a GPU host with no package index
+(`make engine-pack`).
 
 Writes `.engines/carry/` (git-ignored, for a device call's `carry`):
 
@@ -13,13 +14,13 @@ Writes `.engines/carry/` (git-ignored, for a device call's `carry`):
 - `wheels/`: the pure-Python and compiled (CPython 3.12, manylinux) wheels of the
   imported third-party packages that the GPU image lacks, at this environment's versions.
 
-`bash .device/engine.sh VERSION` on the GPU host installs the wheels into a temporary
-folder and runs `fence-harness engine-matrix` on that release with the stubs on the path.
+`make engine-from-pack` on the GPU host installs the wheels into a temporary folder
+(`pip install --no-index --no-deps --target`) and runs `fence-harness engine-matrix` on
+each release of the pack with the stubs on the path, on that host's own torch.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
@@ -113,13 +114,15 @@ def write_stubs(folder: Path) -> None:
 def imported_files(target: Path, stubs: Path, cuda_branches: bool) -> list[str]:
     """The release's files that the adapter's modules import, from a child process."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), str(stubs), str(ROOT)]))
-    out = subprocess.run([sys.executable, "-m", "harness.frontends.engine_pack", "--list",
+    out = subprocess.run([sys.executable, "-m", "harness", "engine-pack", "--list",
                           *(["--cuda-branches"] if cuda_branches else [])],
                          env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def _list(cuda_branches: bool) -> None:
+def print_imported(cuda_branches: bool) -> None:
+    """What `engine-pack --list` prints, in the process `imported_files` starts: the release's files
+    this process imports, as a JSON list (the last line)."""
     if cuda_branches:
         import torch
 
@@ -184,23 +187,3 @@ def pack(releases: list[str], engines_dir: Path, out: Path, wheels: bool) -> Non
                         "-d", str(folder), *pins], check=True)
         size = sum(p.stat().st_size for p in folder.iterdir())
         print(f"wheels: {len(list(folder.iterdir()))} files, {size / 2**20:.1f} MiB -> {folder}")
-
-
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.frontends.engine_pack")
-    p.add_argument("--releases", default="0.5.22,0.5.23")
-    p.add_argument("--engines-dir", type=Path, default=ROOT / ".engines")
-    p.add_argument("--out", type=Path, default=ROOT / ".engines" / "carry")
-    p.add_argument("--no-wheels", dest="wheels", action="store_false")
-    p.add_argument("--list", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--cuda-branches", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.list:
-        _list(args.cuda_branches)
-        return 0
-    pack([r.strip() for r in args.releases.split(",") if r.strip()], args.engines_dir, args.out, args.wheels)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -12,8 +12,8 @@ Merging: each worker writes its part of the run (a results.json document of the
 scenarios it ran, plus its worker id and GPU UUID) into a folder the controller
 made; the controller merges the parts into one document.
 
-    python -m harness.frontends.gpu_workers count    the number of usable GPUs (1 when none)
-    python -m harness.frontends.gpu_workers check RESULTS.json
+    fence-harness gpu-workers count        the number of usable GPUs (1 when none)
+    fence-harness gpu-workers check RESULTS.json
                                            which worker ran on which GPU; exit 1 if two
                                            workers shared a GPU or a scenario is not on its
                                            worker's GPU, 2 if the file is not a valid
@@ -193,26 +193,11 @@ def spread_problems(doc: dict) -> list[str]:
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv == ["count"]:
-        print(max(1, gpu_count()))  # -n 1 on a host without GPUs still runs the suite
-        return 0
-    if len(argv) == 2 and argv[0] == "check":
-        return _check(Path(argv[1]))
-    print("usage: python -m harness.frontends.gpu_workers count | check RESULTS.json", file=sys.stderr)
-    return 2
-
-
-def _check(path: Path) -> int:
-    from harness.records.errors import InputError
+def check(path: Path) -> int:
+    """Print which worker of a merged run ran on which GPU; 1 when the spread is wrong."""
     from harness.report.schema import load
 
-    try:
-        doc = load(path)
-    except InputError as e:
-        print(f"fence-harness: {e}", file=sys.stderr)
-        return 2
+    doc = load(path)  # InputError (exit 2) when it is not a valid results.json
     workers = doc["environment"].get("workers") or {}
     for worker, gpu in sorted(workers.items(), key=lambda w: worker_index(w[0]) or 0):
         ran = [e["name"] for e in doc["scenarios"] if e.get("worker") == worker]
@@ -223,7 +208,3 @@ def _check(path: Path) -> int:
     print(f"{len(doc['scenarios'])} scenarios, {len(workers)} workers, "
           f"{len(set(workers.values()))} GPUs: {'ok' if not problems else 'NOT ok'}")
     return 1 if problems else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -25,5 +25,5 @@ def summary(command: str, exit_code: int, doc: dict | None = None, path: Path | 
     return out
 
 
-def dumps(value: dict[str, Any]) -> str:
+def dumps(value: dict[str, Any] | list[dict[str, Any]]) -> str:
     return json.dumps(value, default=str)

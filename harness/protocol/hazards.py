@@ -129,10 +129,14 @@ class HazardStrategy:
 
 
 class ReadAfterWrite(HazardStrategy):
-    pass
+    """Read-after-write (stale read): the loaded slots are poisoned, then loaded back; a read before
+    its copy lands reads poison or half-loaded data."""
 
 
 class WriteAfterWrite(HazardStrategy):
+    """Write-after-write (clobber): the slots already hold the right data and the load op copies it
+    again; a Mamba-state copy that lands after the prefill wrote the state clobbers it."""
+
     def prepare(self, bed: HazardBed) -> None:
         # The right data already there (resident state): only a late copy can be seen.
         for layer in bed.copies:
@@ -142,6 +146,9 @@ class WriteAfterWrite(HazardStrategy):
 
 
 class WriteAfterRead(HazardStrategy):
+    """Write-after-read (early reuse): the next batch's load-back writes the slots a replay still
+    reads."""
+
     holds_forward = True
 
     def setup(self, bed: HazardBed) -> None:
@@ -182,6 +189,9 @@ class _WriteBackHazard(HazardStrategy):
 
 
 class StoreBeforeCompute(_WriteBackHazard):
+    """Store-before-compute: a device-to-host backup copy reads the slots before the forward that
+    writes them has finished."""
+
     holds_forward = True  # the forward that writes the slots has not run: the copy must wait for it
 
     def after_forward(self, bed: HazardBed, plan: FaultPlan, load: OtherLoad, gate: Gate | None = None,
@@ -192,6 +202,9 @@ class StoreBeforeCompute(_WriteBackHazard):
 
 
 class ReuseBeforeBackup(_WriteBackHazard):
+    """Reuse-before-backup: the next batch writes a slot whose device-to-host backup copy has not
+    finished."""
+
     holds_own = True  # the write-back stream: the next batch's load must land first to show
 
     def setup(self, bed: HazardBed) -> None:
@@ -207,7 +220,10 @@ class ReuseBeforeBackup(_WriteBackHazard):
 
 
 class StagingOverwrite(HazardStrategy):
-    """Every load op copies from a staging buffer the host refills first; the scenario's host
+    """Staging overwrite: a pinned staging buffer is refilled while its host-to-device copy is still
+    pending.
+
+    Every load op copies from a staging buffer the host refills first; the scenario's host
     pool is buffer 0, refilled with this batch's bytes before the load op."""
 
     uses_transfer = True

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from harness.frontends import engine_matrix as em
 from harness.frontends.cli import main
+from harness.input.scenario_file import load_files
 from harness.report.schema import validate
+from tests.support.paths import DATA
 
 ENTRY = {"name": "s", "expect": "race", "observed": "race", "met": True, "stale_replays": 3, "replays": 3,
          "findings": ["x"] * 16, "error": None}
@@ -44,6 +48,35 @@ def test_a_release_already_in_its_folder_is_not_installed_again(tmp_path, monkey
     (tmp_path / "sglang-9.9.9" / "sglang" / "__init__.py").write_text("")
     monkeypatch.setattr(em.subprocess, "run", lambda *a, **k: pytest.fail("pip ran"))
     assert em.install("9.9.9", tmp_path) == tmp_path / "sglang-9.9.9"
+
+
+def test_one_release_runs_in_its_own_process_through_the_hidden_option(tmp_path, monkeypatch, capsys):
+    # What the parent starts per release, with no sglang needed: the harness's own tiny scenarios.
+    out = tmp_path / "out"
+    assert main(["engine-matrix", "--in-process", str(DATA / "tiny.toml"), "--device", "sim", "--replays", "1",
+                 "--out", str(out)]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    validate(doc)
+    assert [e["name"] for e in doc["scenarios"]] == [s.name for s in load_files([DATA / "tiny.toml"])]
+    assert all(e["replays"] == 1 for e in doc["scenarios"])
+    runs, real_run = [], subprocess.run
+
+    def child(cmd, **kwargs):  # the release's process, not started; anything else (git) runs
+        if cmd[1:3] != ["-m", "harness"]:
+            return real_run(cmd, **kwargs)
+        runs.append(cmd)
+        return SimpleNamespace(returncode=2)
+
+    monkeypatch.setattr(em, "install", lambda version, engines_dir: tmp_path)
+    monkeypatch.setattr(em.subprocess, "run", child)
+    assert main(["engine-matrix", "--releases", "9.9.9", "--device", "sim", "--out", str(tmp_path / "m")]) == 2
+    (cmd,) = runs
+    assert cmd[1:5] == ["-m", "harness", "engine-matrix", "--in-process"] and "--small" in cmd
+
+
+def test_the_hidden_option_takes_files(capsys):
+    assert main(["engine-matrix", "--in-process", "--device", "sim"]) == 2
+    assert "FILES: give the scenario files to run" in capsys.readouterr().err
 
 
 needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None,
@@ -75,3 +108,14 @@ fault = { kind = "gate" }
     assert entry["release"] == version and entry["engine"] == {"name": "sglang", "version": version}
     assert entry["met"] and entry["replays"] == 2
     assert doc["engine_matrix"]["releases"] == [{"release": version, "exit_code": 0, "ran": True}]
+
+
+@needs_sglang
+def test_the_pack_lists_what_the_adapter_imports_in_a_process_of_its_own(tmp_path):
+    import sglang
+
+    from harness.frontends import engine_pack
+
+    target = Path(sglang.__file__).parent.parent
+    files = engine_pack.imported_files(target, tmp_path, cuda_branches=False)
+    assert any(f.endswith("sglang/srt/managers/cache_controller.py") for f in files)

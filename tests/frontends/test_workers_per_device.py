@@ -9,6 +9,7 @@ import pytest
 
 from harness.devices import nvml
 from harness.frontends import gpu_workers as gw
+from harness.frontends.cli import main
 from tests.support.paths import ROOT
 
 SAMPLES = ROOT / "reports" / "samples"
@@ -88,9 +89,15 @@ def test_count_for_the_makefile(monkeypatch, capsys):
     assert gw.gpu_count({}, fake_nvml(GPUS)) == 4
     assert gw.gpu_count({"CUDA_VISIBLE_DEVICES": "0,1"}, fake_nvml(GPUS)) == 2
     monkeypatch.setattr(nvml, "gpu_uuids", fake_nvml([]))
-    assert gw.main(["count"]) == 0
+    assert main(["gpu-workers", "count"]) == 0
     assert capsys.readouterr().out == "1\n"  # no GPUs: still one worker
-    assert gw.main(["bogus"]) == 2
+    monkeypatch.setattr(nvml, "gpu_uuids", fake_nvml(GPUS))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert main(["gpu-workers", "count"]) == 0
+    assert capsys.readouterr().out == "4\n"
+    with pytest.raises(SystemExit) as e:
+        main(["gpu-workers", "bogus"])
+    assert e.value.code == 2
 
 
 @pytest.mark.parametrize("worker", ["gw0", "gw3"])
@@ -205,7 +212,7 @@ def test_check_command_prints_workers_and_exits_by_what_it_found(tmp_path, capsy
     doc = gw.merge(gw.read_parts(tmp_path))
     good = tmp_path / "good.json"
     good.write_text(json.dumps(doc))
-    assert gw.main(["check", str(good)]) == 0
+    assert main(["gpu-workers", "check", str(good)]) == 0
     out = capsys.readouterr().out
     n = len(sample["scenarios"])
     assert f"gw0: GPU {GPUS[0]}, {half} scenarios" in out and f"{n} scenarios, 2 workers, 2 GPUs: ok" in out
@@ -213,10 +220,12 @@ def test_check_command_prints_workers_and_exits_by_what_it_found(tmp_path, capsy
     doc["environment"]["workers"]["gw1"] = GPUS[0]  # two workers on one GPU
     shared = tmp_path / "shared.json"
     shared.write_text(json.dumps(doc))
-    assert gw.main(["check", str(shared)]) == 1
+    assert main(["gpu-workers", "check", str(shared)]) == 1
     assert "NOT ok" in capsys.readouterr().out
 
     (tmp_path / "bad.json").write_text("{")
-    assert gw.main(["check", str(tmp_path / "bad.json")]) == 2
+    assert main(["gpu-workers", "check", str(tmp_path / "bad.json")]) == 2
     assert "bad.json" in capsys.readouterr().err
-    assert gw.main(["check"]) == 2
+    with pytest.raises(SystemExit) as e:
+        main(["gpu-workers", "check"])
+    assert e.value.code == 2
