@@ -85,11 +85,13 @@ empty :=
 space := $(empty) $(empty)
 comma := ,
 engine-from-pack:
-	@test -n "$(PACK_RELEASES)" || { echo "make: no sglang-VERSION folder in $(PACK): run make engine-pack where pip \
-	reaches the package index, and bring $(PACK) here" >&2; exit 2; }
+	@test -n "$(PACK_RELEASES)" || \
+	{ echo "make: no sglang-VERSION folder in $(PACK): make engine-pack where pip reaches the index, then bring it" >&2; \
+	exit 2; }
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	if ls $(PACK)/wheels/*.whl >/dev/null 2>&1; then \
-		$(PYTHON) -m pip install -q --no-index --no-deps --target "$$tmp" $(PACK)/wheels/*.whl || exit 2; \
+		$(PYTHON) -m pip install -q --no-index --no-deps --target "$$tmp" $(PACK)/wheels/*.whl || \
+		{ echo "make: the pack's wheels (CPython 3.12, manylinux x86_64) do not install on $(PYTHON)" >&2; exit 2; }; \
 	fi && \
 	PYTHONPATH="$$tmp:$(abspath $(PACK))/stubs:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) -m harness \
 		engine-matrix --releases $(PACK_RELEASES) --engines-dir $(PACK) --device $(PACK_DEVICE) \
