@@ -9,10 +9,11 @@ many were there, and whether the set is complete.
 
 Refused, each as one ReportInputError line (exit 2): runs of different commits, or of different
 devices (kind, GPU model, torch, simulator costs: their verdicts are not one runner's); a mix of
-shards and whole runs, shards of different counts, a shard given twice, or shards cut from
-different scenario sets; one scenario in two inputs with different verdicts (the same verdict
-twice keeps the first, and the merge reports it); and a document of another command (bench,
-fences, soak, graph-check, checking), whose sections are not scenario runs.
+shards and whole runs, shards of different counts, a shard given twice, shards cut from
+different scenario sets, or a shard holding a scenario that hashes to another; one scenario in
+two inputs with different verdicts (the same verdict twice keeps the first, and the merge reports
+it); and a document of another command (bench, fences, soak, graph-check, checking), whose
+sections are not scenario runs.
 """
 
 from __future__ import annotations
@@ -81,12 +82,14 @@ def _check_alike(docs: list[tuple[str, dict]]) -> None:
             if doc.get(section) is not None:
                 raise ReportInputError(source, section, "a section of another command: merge combines scenario "
                                                         "runs (run, mutants, the pytest plugin)")
+    # A run with no commit (a copy of the tree without git) has nothing to compare.
+    known = [(source, doc["git_commit"]) for source, doc in docs if doc.get("git_commit")]
+    for source, commit in known[1:]:
+        if commit != known[0][1]:
+            raise ReportInputError(source, "git_commit", f"{commit} is not {known[0][0]}'s {known[0][1]}: a "
+                                                         "merge combines runs of one commit")
     first_source, first = docs[0]
     for source, doc in docs[1:]:
-        a, b = first.get("git_commit"), doc.get("git_commit")
-        if a and b and a != b:
-            raise ReportInputError(source, "git_commit", f"{b} is not {first_source}'s {a}: a merge combines "
-                                                         "runs of one commit")
         for key in SAME_ENVIRONMENT:
             a, b = first["environment"].get(key), doc["environment"].get(key)
             if a != b:
@@ -113,13 +116,17 @@ def _check_shards(docs: list[tuple[str, dict]]) -> tuple[int | None, list[str], 
         if s.index in seen:
             raise ReportInputError(source, "shard", f"{s} is {seen[s.index]}'s shard too: give each shard once")
         seen[s.index] = source
-    first_source, first = docs[0]
-    for source, doc in docs[1:]:
-        a, b = first.get("shard_of"), doc.get("shard_of")
-        if a is not None and b is not None and a != b:
-            raise ReportInputError(source, "shard_of", f"cut from {len(b)} scenarios, not {first_source}'s "
-                                                       f"{len(a)} (or not the same ones): the shards of one "
-                                                       "run take the same files and -k")
+    cut_from = [(source, doc["shard_of"]) for source, doc in docs if doc.get("shard_of") is not None]
+    for source, names in cut_from[1:]:
+        if names != cut_from[0][1]:
+            raise ReportInputError(source, "shard_of", f"cut from {len(names)} scenarios, not {cut_from[0][0]}'s "
+                                                       f"{len(cut_from[0][1])} (or not the same ones): the shards "
+                                                       "of one run take the same files and -k")
+    for (source, doc), (_, s) in zip(docs, sharded, strict=True):
+        for i, entry in enumerate(doc["scenarios"]):
+            if not s.holds(entry["name"]):  # so no two shards can hold one scenario
+                raise ReportInputError(source, f"scenarios[{i}]", f"'{entry['name']}' is not of shard {s}: "
+                                                                  "the shards were cut by another rule")
     given = [str(Shard(k, count)) for k in sorted(seen)]
     missing = [str(Shard(k, count)) for k in range(1, count + 1) if k not in seen]
     return count, given, missing
@@ -146,7 +153,8 @@ def merge_documents(docs: list[tuple[str, dict]]) -> Merged:
                                        f"{_verdict_text(entries[name])}: one scenario, two verdicts")
             else:
                 repeated.append(name)
-    order = {name: i for i, name in enumerate(docs[0][1].get("shard_of") or ())}
+    cut_from: list[str] = next((doc["shard_of"] for _, doc in docs if doc.get("shard_of") is not None), [])
+    order = {name: i for i, name in enumerate(cut_from)}
 
     def by_order(item: dict) -> int:
         return order.get(item["name"], len(order))

@@ -13,7 +13,7 @@ from harness.report.merge import merge_documents, shard_sections
 from harness.report.schema import validate
 
 COMMIT = "a" * 40
-NAMES = ["one", "two", "three", "four"]
+NAMES = ["alpha", "beta", "gamma", "delta"]  # alpha, gamma: shard 1 of 2; beta, delta: 2
 
 
 def entry(name: str, expect: str = "race", observed: str | None = "race", error: str | None = None,
@@ -39,8 +39,8 @@ def doc(entries: list[dict], shard: str | None = None, of: list[str] | None = No
 
 def two_shards() -> list[tuple[str, dict]]:
     # Shards cut from NAMES: the merged entries come back in NAMES's order, whatever the inputs'.
-    first = doc([entry("two", "clean", "clean", fence="final_event", model="one"), entry("four")], "1/2")
-    second = doc([entry("three"), entry("one")], "2/2", started="2026-01-01T00:00:05Z",
+    first = doc([entry("gamma", "clean", "clean", fence="final_event", model="beta"), entry("alpha")], "1/2")
+    second = doc([entry("delta"), entry("beta")], "2/2", started="2026-01-01T00:00:05Z",
                  finished="2026-01-01T00:02:00Z")
     return [("a/results.json", first), ("b/results.json", second)]
 
@@ -50,7 +50,7 @@ def test_two_shards_merge_into_one_document_in_the_order_they_were_cut_from():
     d = merged.doc
     validate(d)
     assert [e["name"] for e in d["scenarios"]] == NAMES
-    assert [e["shard"] for e in d["scenarios"]] == ["2/2", "1/2", "2/2", "1/2"]  # who ran it
+    assert [e["shard"] for e in d["scenarios"]] == ["1/2", "2/2", "1/2", "2/2"]  # who ran it
     assert d["summary"] == {"scenarios": 4, "met": 4, "errors": 0}
     assert (d["started"], d["finished"], d["git_commit"]) == ("2026-01-01T00:00:05Z", "2026-01-01T00:02:00Z", COMMIT)
     assert d["merge"]["shards"] == ["1/2", "2/2"] and d["merge"]["shard_count"] == 2
@@ -58,7 +58,7 @@ def test_two_shards_merge_into_one_document_in_the_order_they_were_cut_from():
     assert [r["source"] for r in d["merge"]["runs"]] == ["a/results.json", "b/results.json"]
     assert "shard" not in d and "host" not in d["environment"]  # the merged run is no shard of one host
     # A fenced / unfenced pair whose two halves ran on two runners is a pair of the merged run.
-    assert [(p["a"], p["b"]) for p in d["pairs"]] == [("one", "two")]
+    assert [(p["a"], p["b"]) for p in d["pairs"]] == [("beta", "gamma")]
 
 
 def test_a_missing_shard_leaves_the_set_incomplete():
@@ -77,29 +77,29 @@ def test_whole_runs_merge_too_and_a_repeated_scenario_with_one_verdict_is_kept_o
 
 def test_a_failed_scenario_stays_failed():
     docs = two_shards()
-    docs[1][1]["scenarios"][0] = entry("three", "race", "clean")
+    docs[1][1]["scenarios"][0] = entry("delta", "race", "clean")
     d = merge_documents(docs).doc
-    assert d["summary"]["met"] == 3 and not next(e for e in d["scenarios"] if e["name"] == "three")["met"]
+    assert d["summary"]["met"] == 3 and not next(e for e in d["scenarios"] if e["name"] == "delta")["met"]
 
 
 def test_kill_matrix_rows_and_skipped_scenarios_of_every_shard():
     docs = two_shards()
     row = {"role": "mutant", "variant": "v", "outcome": "killed", "stale_rate": 1.0, "findings": 1}
-    docs[0][1]["mutants"] = {"matrix": [{**row, "name": "four"}]}
-    docs[1][1]["mutants"] = {"matrix": [{**row, "name": "one"}]}
+    docs[0][1]["mutants"] = {"matrix": [{**row, "name": "gamma"}]}
+    docs[1][1]["mutants"] = {"matrix": [{**row, "name": "beta"}]}
     docs[1][1]["skipped"] = [{"name": "five", "why": "runs only on cuda"}]
     d = merge_documents(docs).doc
     validate(d)
-    assert [r["name"] for r in d["mutants"]["matrix"]] == ["one", "four"]
+    assert [r["name"] for r in d["mutants"]["matrix"]] == ["beta", "gamma"]
     assert d["skipped"] == [{"name": "five", "why": "runs only on cuda"}]
 
 
 def test_a_partial_shard_makes_a_partial_merge():
     docs = two_shards()
-    docs[1][1].update(partial=True, interrupted="SIGTERM", not_run=["three"])
-    docs[1][1]["scenarios"] = [entry("one")]
+    docs[1][1].update(partial=True, interrupted="SIGTERM", not_run=["delta"])
+    docs[1][1]["scenarios"] = [entry("beta")]
     d = merge_documents(docs).doc
-    assert (d["partial"], d["interrupted"], d["not_run"]) == (True, "SIGTERM", ["three"])
+    assert (d["partial"], d["interrupted"], d["not_run"]) == (True, "SIGTERM", ["delta"])
     assert [r["partial"] for r in d["merge"]["runs"]] == [False, True]
 
 
@@ -141,6 +141,9 @@ def test_runs_of_another_commit_are_refused_and_an_unknown_commit_is_not():
     _refused([a, b], "b/results.json", "git_commit", "a merge combines runs of one commit")
     b[1]["git_commit"] = None  # a copy of the tree without git: nothing to compare
     assert merge_documents([a, b]).complete
+    a[1]["git_commit"], b[1]["git_commit"] = None, "b" * 40
+    _refused([a, b, ("c", doc([], "2/2", git_commit=COMMIT))], "c", "git_commit",
+             f"{COMMIT} is not b/results.json's {'b' * 40}")
 
 
 def test_shards_that_do_not_belong_together_are_refused():
@@ -152,6 +155,8 @@ def test_shards_that_do_not_belong_together_are_refused():
     _refused([a, whole], "b/results.json", "shard", "missing: a whole run, where a/results.json is shard 1/2")
     other_set = (b[0], {**b[1], "shard_of": NAMES[:3]})
     _refused([a, other_set], "b/results.json", "shard_of", "cut from 3 scenarios, not a/results.json's 4")
+    moved = (b[0], {**b[1], "scenarios": [entry("alpha")]})  # alpha hashes to shard 1
+    _refused([a, moved], "b/results.json", "scenarios[0]", "'alpha' is not of shard 2/2")
     bad = (b[0], {**b[1], "shard": "3/2"})
     _refused([a, bad], "b/results.json", "shard", "expected K/N with whole numbers 1 <= K <= N")
 
