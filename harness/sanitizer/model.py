@@ -26,6 +26,15 @@ What PyTorch's sanitizer does not model, and this one does:
   event inside the graph (`external_event`) re-records that event at replay.
 - Host memory. Work the host does itself on pinned memory (a CPU op) is ordered after
   stream work only through what the host saw complete, as in the analyser.
+- The caching allocator's reuse. A freed block goes back to the pool of the stream it was
+  allocated on, at once, whatever other streams still do with it, unless `record_stream(s)`
+  was called: then the allocator reuses it only once s's work enqueued before the free has
+  finished. So a block's accesses do not end with the free: those its stream is not ordered
+  after (a side stream's read), less those a `record_stream` covers, stay pending in that
+  stream's pool, and the next allocation there that overlaps them inherits them; its first
+  write unordered with the old reader is a race. An allocation on another stream comes from
+  other memory (a pool is per stream; a segment is freed back to CUDA only with the device
+  synchronized), and inherits nothing.
 
 Real graph edges can replace the captured wait records: `GraphEdges` is asked, per
 captured access, which external events the graph orders it after.
@@ -33,6 +42,7 @@ captured access, which external events the graph orders it after.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -81,7 +91,8 @@ class Use:
     """One tensor argument of one operation: the memory it reads or writes.
 
     `base` names the allocation (its first byte; unique across address spaces under CUDA's
-    unified addressing): freeing it forgets its accesses."""
+    unified addressing): freeing it ends its own accesses, but not those still pending on it
+    (`SanitizerModel.free`)."""
 
     span: Span
     is_write: bool
@@ -99,6 +110,7 @@ class Access:
     where: str
     graph: str = ""  # "graph 3 replay 7", for a re-enacted access (the first replay that raced)
     replay_stack: tuple[str, ...] = ()
+    freed: str = ""  # the pool stream's name, once its block was freed with this access pending
 
     @property
     def on_host(self) -> bool:
@@ -112,6 +124,9 @@ class Access:
         lines = [head, ("    captured at: " if self.graph else "    enqueued at: ") + _stack(u.site.stack)]
         if self.graph:
             lines.append(f"    replayed at: {_stack(self.replay_stack)} (first in {self.graph})")
+        if self.freed:
+            lines.append(f"    then its memory was freed with no record_stream for {self.where}, and the caching "
+                         f"allocator handed it out again on {self.freed}")
         return "\n".join(lines)
 
 
@@ -205,6 +220,10 @@ class SanitizerModel:
         self._events: dict[EventId, Clock] = {}  # each event's last record outside any capture
         self._external: set[EventId] = set()  # events created with the external flag
         self._history: dict[int, list[Access]] = {}  # allocation base -> the accesses kept
+        self._allocated_on: dict[int, StreamId] = {}  # allocation base -> the stream whose pool it is from
+        self._stream_uses: dict[int, set[StreamId]] = {}  # allocation base -> its record_stream streams
+        self._released: dict[StreamId, list[Access]] = {}  # freed blocks' pending accesses, by pool stream
+        self._inherits: dict[int, StreamId] = {}  # allocation base -> the pool whose pending accesses it takes on
         self._graphs: dict[GraphKey, _Graph] = {}
         self._capturing: dict[StreamId, _Graph] = {}  # stream -> the capture it belongs to
         self._virtual: dict[tuple[GraphKey, StreamId], StreamId] = {}
@@ -240,9 +259,52 @@ class SanitizerModel:
         """Work the host does itself, now, on (pinned) host memory."""
         self._run(uses, Stamp(HOST, 0), None, "the host")
 
+    def allocate(self, base: int, stream: StreamId) -> None:
+        """The caching allocator handed out the block at `base` on `stream` (the current one).
+
+        What an earlier owner of this memory left pending in `stream`'s pool may be its now: the
+        pending accesses its own accesses overlap are taken on as they come (`_run`). Memory for a
+        capture comes from the graph's private pool, and inherits nothing.
+        """
+        self._history.pop(base, None)  # a free not seen: that owner's accesses no longer matter
+        self._stream_uses.pop(base, None)
+        self._inherits.pop(base, None)
+        if stream in self._capturing:
+            self._allocated_on.pop(base, None)
+            return
+        self._allocated_on[base] = stream
+        released = self._released.get(stream)
+        if released is not None:
+            clock = self.clocks.clock(stream)
+            released[:] = [a for a in released if not _covered(a, clock)]  # ordered before all of it now
+            if released:
+                self._inherits[base] = stream
+            else:
+                del self._released[stream]
+
+    def record_stream(self, base: int, stream: StreamId) -> None:
+        """`tensor.record_stream(stream)` on the block at `base`: its free waits for `stream`."""
+        self._stream_uses.setdefault(base, set()).add(stream)
+
     def free(self, base: int) -> None:
-        """An allocation was freed or handed out afresh: its past accesses no longer matter."""
-        self._history.pop(base, None)
+        """The block at `base` was freed (back to its stream's pool in the caching allocator).
+
+        Its accesses that its stream is not ordered after now stay pending in that pool, less
+        those ordered before the work of a `record_stream` stream so far (the allocator records
+        an event there and reuses the block only once it has completed).
+        """
+        kept = self._history.pop(base, [])
+        stream = self._allocated_on.pop(base, None)
+        uses = self._stream_uses.pop(base, set())
+        self._inherits.pop(base, None)
+        if stream is None or not kept:
+            return  # allocated before the model watched, or never used: nothing known to carry
+        waited = [self.clocks.record(s) for s in sorted(uses)]
+        clock = self.clocks.clock(stream)
+        pending = [dataclasses.replace(a, freed=a.freed or self.name(stream)) for a in kept
+                   if not _covered(a, clock) and not any(_covered(a, c) for c in waited)]
+        if pending:
+            self._released.setdefault(stream, []).extend(pending)
 
     # ---- events and synchronisation
     def forget_event(self, event: EventId) -> None:
@@ -358,6 +420,9 @@ class SanitizerModel:
         for use in uses:
             acc = Access(use, stamp, where, graph, replay_stack)
             kept = self._history.get(use.base, [])
+            pool = self._inherits.get(use.base)
+            if pool is not None:
+                kept = self._inherit(pool, use.span) + kept
             survivors = []
             for prev in kept:
                 if not prev.use.span.overlaps(use.span):
@@ -374,6 +439,14 @@ class SanitizerModel:
                 survivors.append(prev)
             survivors.append(acc)
             self._history[use.base] = survivors
+
+    def _inherit(self, pool: StreamId, span: Span) -> list[Access]:
+        """The pending accesses of `pool`'s freed blocks that overlap `span`, taken out of the pool."""
+        released = self._released.get(pool, [])
+        taken = [a for a in released if a.use.span.overlaps(span)]
+        if taken:
+            released[:] = [a for a in released if not a.use.span.overlaps(span)]
+        return taken
 
     def _ordered(self, prev: Access, stamp: Stamp, clock: Clock | None) -> bool:
         if prev.on_host:
@@ -392,6 +465,12 @@ class SanitizerModel:
             known.times += 1
         else:
             self._races[key] = Race(earlier, later)
+
+
+def _covered(a: Access, clock: Clock) -> bool:
+    """Is access `a` ordered before work whose clock is `clock`? (The host's own work always is:
+    the host did it before it enqueued anything after.)"""
+    return a.on_host or clock.get(a.stamp.stream, -1) >= a.stamp.epoch
 
 
 def _merge(*clocks: Clock) -> Clock:

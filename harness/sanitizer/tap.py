@@ -11,7 +11,8 @@ Three taps, as PyTorch's CUDA sanitizer (`torch/cuda/_sanitizer.py`) has them, a
 - torch's GPU trace (`torch._C._activate_gpu_trace`, `torch.cuda._gpu_trace`): event
   creation, record, wait, destruction; allocation and free; device, stream and event
   synchronisation. The trace cannot be turned off once on; its callbacks are on torch's
-  registries only while a watch watches, and forward to whichever model is watching.
+  registries only while a watch watches, and forward to whichever model is watching. An
+  allocation is told with the current stream: the caching allocator's pool it came from.
 - patches held only while watching: `CUDAGraph.capture_begin`, `capture_end`, `replay`
   (torch tells the trace nothing of graphs), `Event.query` (a query that says done is a
   host observation, as a synchronize is) and `Event.__init__` (which events are external).
@@ -42,7 +43,7 @@ __all__ = ["OpWatch", "CudaWatch", "cuda_space", "short_stack"]
 
 aten = torch.ops.aten
 FACTORY = re.compile(r"(new_.*|.*_like)")  # factories that take a tensor read only its metadata
-SKIPPED = {aten.record_stream.default}  # not a kernel
+RECORD_STREAM = aten.record_stream.default  # not a kernel: the allocator's note that a stream uses a block
 # Reads that hand a device value to the host as a Python scalar: the host waits for the stream.
 SCALAR_READS = {aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default}
 
@@ -94,6 +95,15 @@ def _span(t: torch.Tensor, space: str) -> tuple[Span, int] | None:
     return Span(space, ptr, ptr + extent * size), ptr - int(t.storage_offset()) * size
 
 
+def cuda_stream_id(stream: Any) -> int:
+    """The handle of the stream an operator got as a `Stream` argument (the model's stream id)."""
+    handle = getattr(stream, "cuda_stream", None)
+    if handle is None:  # a generic torch.Stream, as the dispatcher hands it on
+        handle = torch.cuda.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
+                                   device_type=stream.device_type).cuda_stream
+    return int(handle)
+
+
 def _arguments(schema: Any, args: tuple, kwargs: dict) -> Iterator[tuple[Any, Any]]:
     positional = schema.arguments[: len(args)]
     yield from zip(positional, args, strict=False)
@@ -107,22 +117,26 @@ class OpWatch(TorchDispatchMode):
 
     `stream_of()` is the current stream's id; `space_of(tensor)` the address space a
     tensor counts in ("host" for host memory, anything else is device memory), or None
-    for one to ignore. The defaults are CUDA's; tests pass their own to run on CPU tensors.
+    for one to ignore; `stream_id(stream)` the id of a `Stream` argument (`record_stream`'s).
+    The defaults are CUDA's; tests pass their own to run on CPU tensors.
     """
 
     def __init__(self, model: SanitizerModel, *, stream_of: Callable[[], int] | None = None,
                  space_of: Callable[[torch.Tensor], str | None] = cuda_space, stack_depth: int = 6,
-                 lock: threading.Lock | threading.RLock | None = None) -> None:
+                 lock: threading.Lock | threading.RLock | None = None,
+                 stream_id: Callable[[Any], int] = cuda_stream_id) -> None:
         super().__init__()
         self.model = model
         self.stream_of = stream_of or (lambda: torch.cuda.current_stream().cuda_stream)
         self.space_of = space_of
+        self.stream_id = stream_id
         self.stack_depth = stack_depth
         self.lock = lock or threading.Lock()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in SKIPPED:
+        if func is RECORD_STREAM:
+            self._record_stream(*args, **kwargs)
             return func(*args, **kwargs)
         schema = func._schema
         factory = bool(FACTORY.match(schema.name))
@@ -174,6 +188,14 @@ class OpWatch(TorchDispatchMode):
                 self.model.stream_sync(self.stream_of())
         return out
 
+    def _record_stream(self, tensor: torch.Tensor, s: Any) -> None:
+        """`tensor.record_stream(s)`: the block's free will wait for `s` (the model's `record_stream`)."""
+        space = self.space_of(tensor)
+        got = _span(tensor, space) if space not in (None, "host") else None
+        if got is not None:
+            with self.lock:
+                self.model.record_stream(got[1], self.stream_id(s))
+
     def _blocks_host(self, func: Any, args: tuple, kwargs: dict, out: Any) -> bool:
         if func in SCALAR_READS:
             return True
@@ -205,7 +227,7 @@ _TRACE = (
     ("EventDeletionCallbacks", "forget_event"),
     ("EventRecordCallbacks", "record"),
     ("EventWaitCallbacks", "wait"),
-    ("MemoryAllocationCallbacks", "free"),  # a fresh allocation's past is gone
+    ("MemoryAllocationCallbacks", "allocate"),  # with the current stream: the pool it came from
     ("MemoryDeallocationCallbacks", "free"),
     ("DeviceSynchronizationCallbacks", "host_sync"),
     ("StreamSynchronizationCallbacks", "stream_sync"),
@@ -219,7 +241,11 @@ def _forward(method: str) -> Callable[..., None]:
         if _watching:
             w = _watching[-1]
             with w.lock:
-                getattr(w.model, method)(*args)
+                if method == "allocate":  # the caching allocator allocates on the current stream
+                    (base,) = args
+                    w.model.allocate(base, w.stream_of())
+                else:
+                    getattr(w.model, method)(*args)
 
     return callback
 
@@ -278,19 +304,20 @@ def _leave_dispatch_stack(mode: OpWatch) -> list[str]:
 class CudaWatch:
     """All three taps, for one model, between `start()` and `stop()`.
 
-    `stream_of` and `space_of` are `OpWatch`'s (CUDA's by default); the patches call the
-    `on_*` methods, which tests call directly on CPU.
+    `stream_of`, `space_of` and `stream_id` are `OpWatch`'s (CUDA's by default); the patches call
+    the `on_*` methods, which tests call directly on CPU.
     """
 
     def __init__(self, model: SanitizerModel, *, stack_depth: int = 6, stream_of: Callable[[], int] | None = None,
-                 space_of: Callable[[torch.Tensor], str | None] = cuda_space) -> None:
+                 space_of: Callable[[torch.Tensor], str | None] = cuda_space,
+                 stream_id: Callable[[Any], int] = cuda_stream_id) -> None:
         self.model = model
         # Re-entrant: a tensor freed while the model is being fed (the cycle collector runs inside
         # any Python call) fires the trace's free callback on this thread, under this lock.
         self.lock = threading.RLock()
         self.stream_of = stream_of or (lambda: torch.cuda.current_stream().cuda_stream)
         self.ops = OpWatch(model, stack_depth=stack_depth, lock=self.lock, stream_of=self.stream_of,
-                           space_of=space_of)
+                           space_of=space_of, stream_id=stream_id)
         self.stack_depth = stack_depth
         self._saved: list[tuple[type, str, Any]] = []
         self._thread: int | None = None

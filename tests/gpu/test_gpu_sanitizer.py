@@ -102,3 +102,45 @@ def test_a_full_graph_scenario_races_unfenced_and_not_with_the_final_event(model
     assert found["none"].races, "unfenced full graph: no race found"
     assert any(r.later.graph or r.earlier.graph for r in found["none"].races)
     assert found["final_event"].races == [], found["final_event"].report()
+
+
+
+def _reused_after_a_side_read(recorded: bool):
+    """A tensor read on a side stream behind a long kernel, freed (`del`) with or without
+    `record_stream(side)`, and the same size allocated and written on the allocating stream at once:
+    (the new tensor got the old block, the side stream's read saw the new owner's values, the sanitizer)."""
+    side, main = torch.cuda.Stream(), torch.cuda.current_stream()
+    n = 1 << 20
+    torch.cuda.synchronize()
+    with sanitize() as s:
+        x = torch.ones(n, device="cuda")
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(20_000_000)  # tens of milliseconds: the read comes well after the reuse
+            total = x.sum()
+        if recorded:
+            x.record_stream(side)
+        old = x.data_ptr()
+        del x
+        y = torch.empty(n, device="cuda")
+        y.fill_(2.0)
+        main.wait_stream(side)
+        torch.cuda.synchronize()
+    return y.data_ptr() == old, total.item() != n, s
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_a_tensor_freed_while_a_side_stream_reads_it_races_with_its_next_owner_unless_recorded(recorded):
+    stale = []
+    for _ in range(3):
+        reused, was_stale, s = _reused_after_a_side_read(recorded)
+        stale.append(was_stale)
+        if recorded:  # the allocator held the block back until the side stream's read was done
+            assert not was_stale and s.races == [], s.report()
+            continue
+        assert reused  # handed out again at once, on the stream it was allocated on
+        (race,) = s.races
+        assert race.kind.value == "write-after-read", s.report()
+        assert race.earlier.use.site.operator == "aten::sum" and race.earlier.freed
+        assert race.later.use.site.operator == "aten::fill_.Scalar"
+    assert any(stale) != recorded  # unrecorded, the side stream read the new owner's values

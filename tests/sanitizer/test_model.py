@@ -399,3 +399,86 @@ def test_a_graph_captured_again_under_the_same_key_is_a_new_graph():
     capture(m, lambda: m.op(CAP, R()))  # the same key and stream: the old graph is gone
     m.replay(GRAPH, SIDE)  # not ordered after the old graph's launch on MAIN
     assert kinds(m) == ["read-after-write"]
+
+
+# ---- the caching allocator: a block freed while another stream still uses it -------------
+
+BLOCK = 0x1000
+
+
+def block_read_on_the_side(m: SanitizerModel, *, recorded: bool = False, joined: bool = False) -> None:
+    """A block allocated on MAIN and filled there, read on SIDE, then freed (`del`) on MAIN; with
+    `recorded`, `record_stream(SIDE)` first; with `joined`, MAIN waits for SIDE before the free."""
+    m.allocate(BLOCK, MAIN)
+    m.op(MAIN, W(BLOCK, BLOCK + 64, op="fill_", base=BLOCK))
+    m.record(1, MAIN)
+    m.wait(1, SIDE)
+    m.op(SIDE, R(BLOCK, BLOCK + 64, op="mm", base=BLOCK))
+    if recorded:
+        m.record_stream(BLOCK, SIDE)
+    if joined:
+        m.record(2, SIDE)
+        m.wait(2, MAIN)
+    m.free(BLOCK)
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_a_block_freed_while_a_side_stream_reads_it_races_with_its_next_owner(recorded):
+    m = SanitizerModel()
+    block_read_on_the_side(m, recorded=recorded)
+    m.allocate(BLOCK, MAIN)  # the allocator hands it out again on the stream it belongs to
+    m.op(MAIN, W(BLOCK, BLOCK + 64, op="copy_", base=BLOCK))
+    if recorded:  # the allocator reuses it only once the side stream's work at the free is done
+        assert m.races == []
+        return
+    (race,) = m.races
+    assert race.kind is RaceKind.WRITE_AFTER_READ
+    assert (race.earlier.use.site.operator, race.later.use.site.operator) == ("mm", "copy_")
+    assert "freed" in race.describe() and "record_stream" in race.describe()
+
+
+def test_a_block_freed_after_its_stream_waited_for_the_reader_is_reused_safely():
+    m = SanitizerModel()
+    block_read_on_the_side(m, joined=True)
+    m.allocate(BLOCK, MAIN)
+    m.op(MAIN, W(BLOCK, BLOCK + 64, base=BLOCK))
+    assert m.races == []
+
+
+def test_the_next_owner_inherits_only_where_it_overlaps_the_old_block():
+    m = SanitizerModel()
+    block_read_on_the_side(m)
+    inner = BLOCK + 32  # a block split from the freed one
+    m.allocate(inner, MAIN)
+    m.op(MAIN, W(inner + 32, inner + 64, base=inner))  # past the old block's end
+    assert m.races == []
+    m.op(MAIN, W(inner, inner + 16, base=inner))  # inside it
+    assert kinds(m) == ["write-after-read"]
+
+
+def test_a_block_is_handed_out_again_only_on_the_stream_it_was_allocated_on():
+    m = SanitizerModel()
+    block_read_on_the_side(m)
+    m.allocate(BLOCK, FORK)  # another stream's pool: this memory came from a fresh segment
+    m.op(FORK, W(BLOCK, BLOCK + 64, base=BLOCK))
+    assert m.races == []
+
+
+def test_a_host_synchronize_before_the_reuse_orders_the_old_reader():
+    m = SanitizerModel()
+    block_read_on_the_side(m)
+    m.host_sync()
+    m.allocate(BLOCK, MAIN)
+    m.op(MAIN, W(BLOCK, BLOCK + 64, base=BLOCK))
+    assert m.races == [] and m._released == {}
+
+
+def test_the_old_owners_pending_accesses_go_to_one_new_owner_and_on_with_it():
+    m = SanitizerModel()
+    block_read_on_the_side(m)
+    m.allocate(BLOCK, MAIN)
+    m.op(MAIN, R(BLOCK, BLOCK + 64, base=BLOCK))  # a read: no race with the old read, which it takes on
+    m.free(BLOCK)  # freed again: the old reader is still pending on it
+    m.allocate(BLOCK, MAIN)
+    m.op(MAIN, W(BLOCK, BLOCK + 64, base=BLOCK))
+    assert kinds(m) == ["write-after-read"]

@@ -551,3 +551,42 @@ def test_a_trace_callback_under_the_watch_lock_does_not_deadlock():
         t.start()
         t.join(timeout=10)
     assert done.is_set(), "the trace callback waited forever on the watch's own lock"
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_a_block_reused_by_the_caching_allocator_through_the_cuda_watch(recorded):
+    """A tensor read on a side stream and freed, its memory handed out again on the stream it was
+    allocated on and written there: the allocator's calls as CUDA would trace them, on one CPU tensor
+    standing for both owners. `record_stream(side)` before the free makes the reuse wait."""
+    from harness.sanitizer.tap import CudaWatch
+
+    streams = FakeStreams()
+    t = torch.zeros(256)
+    block = t.data_ptr()
+
+    def make(model, depth):
+        return CudaWatch(model, stack_depth=depth, stream_of=streams, space_of=lambda _: "cuda:0",
+                         stream_id=lambda s: SIDE)
+
+    with Sanitizer(watch=make) as s:
+        streams.current = MAIN
+        fire("MemoryAllocationCallbacks", block)  # x = torch.empty(...) on MAIN
+        t.fill_(1.0)
+        fire("EventRecordCallbacks", 11, MAIN)  # side.wait_stream(main)
+        fire("EventWaitCallbacks", 11, SIDE)
+        streams.current = SIDE
+        t.sum()  # read on the side stream
+        streams.current = MAIN
+        if recorded:
+            with pytest.raises(NotImplementedError):  # noted by the tap, then CPU has no kernel for it
+                t.record_stream(torch.Stream(device="cpu"))
+        fire("MemoryDeallocationCallbacks", block)  # del x
+        fire("MemoryAllocationCallbacks", block)  # y = torch.empty(...) on MAIN: the same block
+        t.fill_(2.0)  # y written
+    if recorded:
+        assert s.races == [], s.report()
+        return
+    (race,) = s.races
+    assert race.kind.value == "write-after-read"
+    assert race.earlier.use.site.operator == "aten::sum" and race.later.use.site.operator == "aten::fill_.Scalar"
+    assert "handed it out again on stream 0 (legacy default)" in race.describe()
