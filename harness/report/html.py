@@ -25,6 +25,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from harness.records.trace import Region
+from harness.report.environment import cost_rows
 from harness.report.results import write_atomic
 from harness.report.summary import (
     BENCH_COLUMNS,
@@ -36,12 +37,12 @@ from harness.report.summary import (
     STALE_CAPTION,
     WRONG_ARM,
     ArmCell,
+    Standing,
     bench_caption,
     bench_points,
     bench_table,
     confidence_text,
     graph_rows,
-    headline,
     interval_text,
     not_run,
     observed_text,
@@ -49,12 +50,15 @@ from harness.report.summary import (
     partial_text,
     pressure_rows,
     see_text,
-    skipped_text,
+    skipped_groups,
+    skipped_sentence,
     stale_text,
     strategy_caption,
     strategy_cells,
     strategy_table,
+    table_order,
     variant_label,
+    verdict,
 )
 
 INDEX_FROM = 10  # more timelines than this and the page opens with an index of them
@@ -73,10 +77,29 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: now
 td.wrap { overflow-wrap: anywhere; }
 td small { color: #666; }
 tr.fail td { background: #fdecea; }
-.headline { color: #555; }
+tr.skipped td { color: #666; background: #fafafa; }
+/* The result column: a word, in colour, so a failure reads without the row's tint. */
+td.met { color: #1b5e20; font-weight: bold; white-space: nowrap; }
+td.failed { color: #fff; background: #c62828 !important; font-weight: bold; white-space: nowrap; }
+td.skipped { color: #555; font-style: italic; white-space: nowrap; }
+/* The verdict banner: the first thing on the page, its colour the run's standing. */
+section.verdict { border: 2px solid; border-radius: 6px; padding: 0.6em 1em; margin: 0.8em 0 1.2em; }
+section.verdict p { margin: 0.2em 0; }
+section.verdict .words { font-size: 1.6em; font-weight: bold; }
+section.verdict .state { font-weight: bold; }
+section.verdict .details { color: #333; }
+section.verdict.met { background: #e8f5e9; border-color: #2e7d32; }
+section.verdict.met .words { color: #1b5e20; }
+section.verdict.failed { background: #fdecea; border-color: #c62828; }
+section.verdict.failed .words { color: #b71c1c; }
+section.verdict.partial { background: #fff3e0; border-color: #ef6c00; }
+section.verdict.partial .words, section.verdict .state { color: #e65100; }
+section.verdict.none { background: #f5f5f5; border-color: #9e9e9e; }
+details.environment > summary { cursor: pointer; color: #444; }
+details.environment > summary strong { color: #222; }
+table.costs { font-size: 13px; margin: 0; }
 .note { color: #8a6d3b; }
 .caption { color: #555; max-width: 60em; }
-.partial { background: #fff3e0; border: 1px solid #ef6c00; padding: 0.5em 0.8em; }
 nav.index { background: #f7f7f7; border: 1px solid #ddd; padding: 0.4em 0.8em; line-height: 1.7; }
 nav.index a { margin-right: 0.8em; white-space: nowrap; }
 a.fail { color: #c62828; font-weight: bold; }
@@ -136,12 +159,15 @@ def _href(scenario: str) -> str:
 
 @dataclass(frozen=True)
 class Cell:
-    """A cell with more than its text: smaller lines under it, or a link within the page. Its
-    text may break after . _ @ / where a letter follows (see _breakable)."""
+    """A cell with more than its text: smaller lines under it, a link within the page, a class of
+    its own (the result column's colour) or a span over the columns after it. Its text may break
+    after . _ @ / where a letter follows (see _breakable)."""
 
     text: str
     sub: tuple[str, ...] = ()
     href: str | None = None
+    css: str = ""
+    colspan: int = 1
 
 
 def _breakable(text: str) -> str:
@@ -164,28 +190,67 @@ def _cell(c) -> str:
 
 
 def _table(header: list[str], rows: list[list], numeric: Set[int] = frozenset(),
-           row_classes: list[str] | None = None, css: str = "", wrap: Set[int] = frozenset()) -> str:
-    """An HTML table in a box that scrolls only if wrapping cannot make it fit; every cell is
-    escaped here and nowhere else. `wrap` columns hold free text that may break anywhere."""
+           row_classes: list[str] | None = None, css: str = "", wrap: Set[int] = frozenset(),
+           boxed: bool = True) -> str:
+    """An HTML table in a box that scrolls only if wrapping cannot make it fit (`boxed=False`: a
+    table within a cell, which wraps with it); every cell is escaped here and nowhere else. `wrap`
+    columns hold free text that may break anywhere."""
     table = f'<table class="{css}">' if css else "<table>"
-    out = ['<div class="wide">' + table + "<tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>"]
+    head = "<tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>"
+    out = [('<div class="wide">' if boxed else "") + table + head]
     for row_css, cells in zip(row_classes or [""] * len(rows), rows, strict=False):
-        tds = "".join(f"<td{_td_class(i, numeric, wrap)}>{_cell(c)}</td>" for i, c in enumerate(cells))
+        tds = "".join(_td(i, c, numeric, wrap) for i, c in enumerate(cells))
         out.append(f'<tr class="{row_css}">{tds}</tr>' if row_css else f"<tr>{tds}</tr>")
-    return "\n".join(out) + "</table></div>"
+    return "\n".join(out) + ("</table></div>" if boxed else "</table>")
 
 
-def _td_class(i: int, numeric: Set[int], wrap: Set[int]) -> str:
-    return ' class="num"' if i in numeric else ' class="wrap"' if i in wrap else ""
+def _td(i: int, c, numeric: Set[int], wrap: Set[int]) -> str:
+    own = c if isinstance(c, Cell) else Cell("")
+    css = own.css or ("num" if i in numeric else "wrap" if i in wrap else "")
+    attrs = (f' class="{escape(css)}"' if css else "") + (f' colspan="{own.colspan}"' if own.colspan > 1 else "")
+    return f"<td{attrs}>{_cell(c)}</td>"
+
+
+# ---- the environment ----------------------------------------------------------------------
 
 
 def _environment(doc: dict) -> str:
+    """The run's metadata and environment, collapsed under one line (device, torch, commit): the
+    context of a verdict, not the verdict. The simulator's costs are a table with their units."""
     command = doc.get("command")
     meta = {"run id": doc.get("run_id"), "git commit": doc.get("git_commit"),
             "started": doc.get("started"), "finished": doc.get("finished"),
             "command": " ".join(command) if isinstance(command, list) else command}
-    rows = [[k, _value(v)] for k, v in [*meta.items(), *doc["environment"].items()] if v is not None]
-    return _table(["key", "value"], rows, wrap={1})
+    rows = [[k, _env_value(k, v)] for k, v in [*meta.items(), *doc["environment"].items()] if v is not None]
+    # A value that is a table already holds its own escaped HTML: laid out here, not by _table.
+    body = "\n".join(f'<tr><td>{escape(k)}</td><td class="wrap">{v}</td></tr>' for k, v in rows)
+    table = f'<div class="wide"><table class="environment"><tr><th>key</th><th>value</th></tr>\n{body}</table></div>'
+    return (f'<details class="environment"><summary><strong>Environment</strong>: '
+            f"{escape(environment_line(doc))}</summary>\n{table}</details>")
+
+
+def environment_line(doc: dict) -> str:
+    """The environment's summary line: "device sim · torch 2.13.0+cpu · commit 6624f11"."""
+    env = doc["environment"]
+    commit = doc.get("git_commit")
+    return " · ".join([f"device {env.get('device', '?')}", f"torch {env.get('torch', '?')}",
+                       f"commit {commit[:7]}" if commit else "no commit recorded"])
+
+
+def _env_value(key: str, value) -> str:
+    """One environment value as HTML: the cost model as a table with units, any other mapping as a
+    small key/value table, a list as its items; nothing as raw JSON."""
+    if key == "costs" and isinstance(value, dict):
+        return _inner_table(["cost", "value", "unit", "what it is"], cost_rows(value), numeric={1})
+    if isinstance(value, dict):
+        return _inner_table(["key", "value"], [[k, _value(v)] for k, v in value.items()])
+    if isinstance(value, list):
+        return escape(", ".join(_value(v) for v in value))
+    return escape(_value(value))
+
+
+def _inner_table(header: list[str], rows: list[list], numeric: Set[int] = frozenset()) -> str:
+    return _table(header, rows, numeric=numeric, css="costs", boxed=False)
 
 
 def layer_ranges(stale_layers) -> str:
@@ -212,14 +277,33 @@ def _fault(s: dict) -> Cell:
     return Cell(mode) if not text or mode.startswith(text + " ") else Cell(text, (mode,))
 
 
+# The result column's words: what a row's colour says, in a word a colour-blind reader (or a
+# printout) reads as well.
+RESULT_WORDS = {True: Cell("met", css="met"), False: Cell("FAILED", css="failed")}
+SCENARIO_HEADER = ["result", "scenario", "variant (hazard)", "fault", "expected", "observed", "stale rate",
+                   "stale layers", "findings", "replays/s"]
+
+
 def _scenario_row(s: dict, drawn: Set[str]) -> list:
     d = s.get("definition") or {}
     hazard = s.get("hazard") or d.get("hazard") or ""
     name = Cell(s["name"], href=_href(s["name"]) if s["name"] in drawn else None)
     variant = f"{variant_label(s)} ({hazard})" if hazard else variant_label(s)
-    return [name, Cell(variant), _fault(s), s["expect"],
+    return [RESULT_WORDS[bool(s["met"])], name, Cell(variant), _fault(s), s["expect"],
             Cell(observed_text(s)), _stale(s), layer_ranges(s["stale_layers"]), len(s["findings"]),
-            f"{s['timings']['replays_per_s']:.0f}"]
+            _per_s(s["timings"]["replays_per_s"])]
+
+
+def _per_s(rate: float) -> str:
+    # A slow run (a busy CI host, a big model) reads "0.4", not "0".
+    return f"{rate:.1f}" if rate < 10 else f"{rate:.0f}"
+
+
+def _skipped_row(why: str, names: list[str]) -> list:
+    """The scenarios this device skipped for one reason: "skipped", their names, and why across the
+    other columns; one row a reason, so a natural set skipped whole stays one row."""
+    return [Cell("skipped", css="skipped"), Cell(", ".join(names)),
+            Cell(skipped_sentence(why, names), colspan=len(SCENARIO_HEADER) - 2)]
 
 
 def _stale(s: dict) -> Cell:
@@ -229,13 +313,17 @@ def _stale(s: dict) -> Cell:
 
 
 def _scenarios(doc: dict, drawn: Set[str]) -> str:
-    header = ["scenario", "variant (hazard)", "fault", "expected", "observed", "stale rate", "stale layers", "findings",
-              "replays/s"]
-    rows = [_scenario_row(s, drawn) for s in doc["scenarios"]]
-    classes = ["ok" if s["met"] else "fail" for s in doc["scenarios"]]
-    body = [f'<p class="caption">{_code(_sentence(STALE_CAPTION))}</p>',
-            _table(header, rows, numeric={5, 7, 8}, row_classes=classes, css="scenarios", wrap={2, 4})]
-    for s in doc["scenarios"]:
+    """The scenario table: those that failed first, then the rest in run order, then the skipped;
+    each scenario's happens-before findings under it, in the same order."""
+    ordered = table_order(doc["scenarios"])
+    skipped = skipped_groups(doc)
+    rows = [_scenario_row(s, drawn) for s in ordered] + [_skipped_row(why, names) for why, names in skipped]
+    classes = ["ok" if s["met"] else "fail" for s in ordered] + ["skipped"] * len(skipped)
+    notes = [f'<p class="note">{escape(_sentence(t))}</p>' for t in [confidence_text(doc)] if t]
+    body = [*notes, f'<p class="caption">{_code(_sentence(STALE_CAPTION))}</p>',
+            _table(SCENARIO_HEADER, rows, numeric={6, 8, 9}, row_classes=classes, css="scenarios verdicts",
+                   wrap={3, 5})]
+    for s in ordered:
         if s["findings"]:
             items = "".join(f"<li>{escape(f)}</li>" for f in s["findings"])
             body.append(f"<details><summary>{escape(s['name'])}: {len(s['findings'])} happens-before "
@@ -339,19 +427,25 @@ def _code(text: str) -> str:
 # ---- the top of the page ------------------------------------------------------------------
 
 
-def _partial(doc: dict) -> str:
+STANDING_CSS = {Standing.MET: "met", Standing.FAILED: "failed", Standing.PARTIAL: "partial", Standing.NONE: "none"}
+
+
+def _banner(doc: dict) -> str:
+    """The verdict, first on the page: its words large, in the colour of the run's standing; a
+    partial run's state and what did not run; then the device and what else the document holds."""
+    v = verdict(doc)
+    lines = [f'<p class="words">{escape(v.words)}</p>']
+    if v.partial:
+        lines.append(f'<p class="state">{escape(v.partial)}</p>')
+        missing = not_run(doc)
+        if missing:
+            lines.append(f"<p>Not run: {', '.join(f'<code>{escape(n)}</code>' for n in missing)}</p>")
+    lines.append(f'<p class="details">{escape(" · ".join(v.details))}</p>')
     text = partial_text(doc)
-    if text is None:
-        return ""
-    missing = not_run(doc)
-    names = f"<br>Not run: {', '.join(f'<code>{escape(n)}</code>' for n in missing)}" if missing else ""
-    return f'<p class="partial"><strong>{escape(text)}</strong>{names}</p>'
-
-
-def _skipped(doc: dict) -> str:
-    """The scenarios this device skipped, and a run --until-confidence's outcome."""
-    texts = [t for t in (skipped_text(doc), confidence_text(doc)) if t]
-    return "\n".join(f'<p class="note">{escape(_sentence(t))}</p>' for t in texts)
+    if text:
+        lines.append(f'<p class="details">{escape(text)}</p>')
+    body = "\n".join(lines)
+    return f'<section class="verdict {STANDING_CSS[v.standing]}" role="status">\n{body}\n</section>'
 
 
 def _index(doc: dict, drawn: list[str]) -> str:
@@ -446,12 +540,9 @@ def render_html(doc: dict) -> str:
 </head>
 <body>
 <h1>fence-harness report</h1>
-<p class="headline">{escape(headline(doc))}</p>
-{_partial(doc)}
-{_skipped(doc)}
-{_index(doc, drawn)}
-<h2>Environment</h2>
+{_banner(doc)}
 {_environment(doc)}
+{_index(doc, drawn)}
 {_strategies_section(doc)}
 {_scenarios_section(doc, set(drawn))}
 {_graph_section(doc)}

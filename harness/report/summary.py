@@ -1,12 +1,15 @@
 """summary.md: a GitHub-flavoured Markdown digest of one results.json, short enough for a CI
 step summary or a pull-request comment.
 
-The words and numbers shared with report.html (the headline, a partial run's note, the
-benchmark's and the strategy check's tables) are decided here; each page only lays them out.
+The words and numbers shared with report.html (the verdict and headline, a partial run's note,
+the order of the scenario table, the benchmark's and the strategy check's tables) are decided
+here; each page only lays them out.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import NamedTuple
 
@@ -14,19 +17,91 @@ from harness.records.rates import SIGNIFICANT, Rate, replays_to_see
 from harness.report.pairs import pairs_of, rate_of
 from harness.report.results import write_atomic
 
-# Why a partial run stopped, as results.json's `interrupted` names it.
+# Why a partial run stopped, as results.json's `interrupted` names it ("killed": rebuilt from the
+# journal of a run that could not write at all).
 STOPPED = {
-    "SIGINT": "interrupted (SIGINT)",
-    "SIGTERM": "terminated (SIGTERM)",
-    "device-lost": "stopped: the device was lost",
+    "SIGINT": "stopped by SIGINT",
+    "SIGTERM": "stopped by SIGTERM",
+    "device-lost": "stopped when the device was lost",
+    "killed": "killed",
 }
 WRONG_ARM = "none"  # the benchmark's and the strategy check's unfenced arm: fast, and wrong
 BENCH_COLUMNS = ["model", "layers", "prefix", "hidden", "load ms", "compute ms"]  # then one per arm
 DEFAULT_HIDDEN = 1024  # a bench point recorded before points had a hidden size
 
 
+# ---- the verdict --------------------------------------------------------------------------
+
+
+class Standing(Enum):
+    """How a document ends, for its first line and the page's banner."""
+
+    MET = "met"          # every scenario met its expectation
+    FAILED = "failed"    # at least one did not (an error counts as not met)
+    PARTIAL = "partial"  # stopped early, and none of what finished failed
+    NONE = "none"        # nothing with an expectation: a benchmark, a soak that kept nothing
+
+    @property
+    def mark(self) -> str:
+        """The sign summary.md puts before its first line (the scenario rows use the same ❌)."""
+        return {Standing.MET: "✅", Standing.FAILED: "❌", Standing.PARTIAL: "⚠️"}.get(self, "")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A document's verdict in words ("all 12 met", "3 of 12 failed"), and what follows them on the
+    same line: the partial state, the device, then what else the document holds."""
+
+    standing: Standing
+    words: str
+    partial: str | None  # "partial: stopped by SIGTERM, 9 not run"; None for a run that finished
+    details: tuple[str, ...]
+
+    def line(self) -> str:
+        return " · ".join([self.words, *([self.partial] if self.partial else []), *self.details])
+
+
+def verdict(doc: dict) -> Verdict:
+    """The one place a document's verdict is decided; summary.md's first line and the page's
+    banner only lay it out. A scenario counts as failed when it did not meet its expectation
+    (graph-check: when its graph verdict disagreed), errors included."""
+    s = doc["summary"]
+    contents = _contents(doc)
+    partial = _partial_state(doc)
+    if doc["scenarios"]:
+        failed = s["scenarios"] - s["met"]
+        if failed:
+            standing, words = Standing.FAILED, f"{failed} of {s['scenarios']} failed"
+        else:
+            standing = Standing.PARTIAL if partial else Standing.MET
+            words = f"all {s['scenarios']} met" if s["scenarios"] > 1 else "1 of 1 met"
+    else:
+        standing = Standing.PARTIAL if partial else Standing.NONE
+        words, contents = (contents[0], contents[1:]) if contents else ("no scenarios", [])
+    return Verdict(standing, words, partial, (*_device(doc), *contents))
+
+
 def headline(doc: dict) -> str:
-    """One line: device, GPU, torch, then what the document holds (met/total, partial, bench...)."""
+    """One line: the verdict, the partial state, device, GPU or CPU, torch, then the rest."""
+    return verdict(doc).line()
+
+
+def first_line(doc: dict, title: str = "fence-harness") -> str:
+    """summary.md's first line: the verdict's sign, the title and verdict in bold, then the rest
+    of the headline ("❌ **fence-harness: 3 of 12 failed** · device cuda · ...")."""
+    v = verdict(doc)
+    rest = v.line().removeprefix(v.words)
+    bold = f"**{title}: {_cell(v.words)}**{_cell(rest)}"
+    return f"{v.standing.mark} {bold}" if v.standing.mark else bold
+
+
+def table_order(scenarios: list[dict]) -> list[dict]:
+    """The scenarios as their tables list them: those that failed first, then the rest, each group
+    in the document's order (the order they ran)."""
+    return sorted(scenarios, key=lambda s: bool(s["met"]))
+
+
+def _device(doc: dict) -> list[str]:
     env = doc["environment"]
     parts = [f"device {env.get('device', '?')}"]
     if env.get("gpu"):
@@ -34,24 +109,24 @@ def headline(doc: dict) -> str:
     elif env.get("cpu_model") or env.get("cpu"):
         parts.append(f"CPU {env.get('cpu_model') or env['cpu']}")
     parts.append(f"torch {env.get('torch', '?')}")
-    return " · ".join(parts + _contents(doc))
+    return parts
+
+
+def _partial_state(doc: dict) -> str | None:
+    if not doc.get("partial"):
+        return None
+    text = f"partial: {stopped_text(doc)}"
+    return text + (f", {len(not_run(doc))} not run" if "not_run" in doc else "")
 
 
 def _contents(doc: dict) -> list[str]:
-    # Each part only where the document has it: a benchmark has no scenarios, and "0/0 met"
-    # would read as a run where nothing was met.
+    # What the document holds besides its scenarios' verdict, each only where it has it.
     s = doc["summary"]
     parts = []
-    if doc.get("partial"):
-        parts.append(f"PARTIAL run, {stopped_text(doc)}")
     if doc.get("graph_check"):  # graph-check ran no counted replay: its verdicts are the graph's
         parts.append(status_counts(doc["graph_check"]["counts"]))
-    elif doc["scenarios"]:
-        parts.append(f"{s['met']}/{s['scenarios']} met")
     if s.get("errors"):
-        parts.append(f"{s['errors']} errors")
-    if doc.get("partial") and "not_run" in doc:
-        parts.append(f"{len(not_run(doc))} not run")
+        parts.append(_count(s["errors"], "error"))
     if doc.get("skipped"):
         parts.append(f"{len(doc['skipped'])} skipped on this device")
     if bench_points(doc.get("bench")):
@@ -63,7 +138,7 @@ def _contents(doc: dict) -> list[str]:
         parts.append(f"strategy check {sum(c['ok'] for c in cells)}/{len(cells)} cells as expected")
     if doc.get("soak"):
         parts.append(_soak_text(doc["soak"]))
-    return parts or ["no scenarios"]
+    return parts
 
 
 def _soak_text(soak: dict) -> str:
@@ -82,10 +157,11 @@ def _count(n: int, noun: str) -> str:
 
 
 def stopped_text(doc: dict) -> str:
+    """Why a partial run stopped ("stopped by SIGTERM"), and where its file came from when that
+    was not the run itself (the journal, after a kill)."""
     why = doc.get("interrupted")
-    if not why:
-        return "stopped, reason not recorded"
-    return STOPPED.get(why, f"stopped ({why})")
+    text = STOPPED.get(why, f"stopped ({why})") if why else "stopped, reason not recorded"
+    return text + (f", rebuilt from the {doc['rebuilt_from']}" if doc.get("rebuilt_from") else "")
 
 
 def not_run(doc: dict) -> list[str]:
@@ -356,7 +432,7 @@ def _scenario_block(doc: dict) -> list[str]:
     if not doc["scenarios"]:
         return []
     rows = []
-    for s in doc["scenarios"]:
+    for s in table_order(doc["scenarios"]):
         mark = "" if s["met"] else " ❌"
         rows.append([f"{s['name']}{mark}", s["expect"], observed_text(s), stale_text(s), interval_text(s),
                      see_text(s), len(s["findings"])])
@@ -368,14 +444,22 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def skipped_text(doc: dict) -> str | None:
-    """The scenarios this device did not run, and why, in one sentence per reason; None for none."""
+def skipped_groups(doc: dict) -> list[tuple[str, list[str]]]:
+    """The scenarios this device did not run, by reason: (why, names), in the order first seen."""
     groups: dict[str, list[str]] = {}
     for s in doc.get("skipped") or []:
         groups.setdefault(s["why"], []).append(s["name"])
-    if not groups:
-        return None
-    return " ".join(f"{_count(len(names), 'scenario')} skipped: {why}." for why, names in groups.items())
+    return list(groups.items())
+
+
+def skipped_sentence(why: str, names: list[str]) -> str:
+    return f"{_count(len(names), 'scenario')} skipped: {why}."
+
+
+def skipped_text(doc: dict) -> str | None:
+    """The scenarios this device did not run, and why, in one sentence per reason; None for none."""
+    groups = skipped_groups(doc)
+    return " ".join(skipped_sentence(why, names) for why, names in groups) if groups else None
 
 
 def confidence_text(doc: dict) -> str | None:
@@ -494,7 +578,7 @@ def graph_check_rows(doc: dict) -> list[list]:
 
 def render_graph_check(doc: dict) -> str:
     """summary.md of `fence-harness graph-check`: the graph verdicts, then the graph-check table."""
-    blocks = [[f"**fence-harness graph-check** · {_cell(headline(doc))}"], _partial_block(doc),
+    blocks = [[first_line(doc, "fence-harness graph-check")], _partial_block(doc),
               _skipped_block(doc),
               [f"**Graph verdicts**: {GRAPH_CHECK_CAPTION}", "", *_table(GRAPH_CHECK_HEADER, graph_check_rows(doc))],
               _graph_block(doc)]
@@ -519,7 +603,7 @@ def _bench_block(doc: dict) -> list[str]:
 
 
 def render_summary(doc: dict) -> str:
-    blocks = [[f"**fence-harness** · {_cell(headline(doc))}"], _partial_block(doc), _skipped_block(doc),
+    blocks = [[first_line(doc)], _partial_block(doc), _skipped_block(doc),
               _confidence_block(doc),
               _strategy_block(doc),
               _scenario_block(doc), _graph_block(doc), _pressure_block(doc), _pairs_block(doc), _matrix_block(doc),

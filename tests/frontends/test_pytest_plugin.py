@@ -94,7 +94,8 @@ def test_scenarios_pass_and_a_missed_expectation_fails_with_its_verdict(pytester
     assert doc["summary"] == {"scenarios": 4, "met": 3, "errors": 0}
     assert {e["worker"] for e in doc["scenarios"]} == {"main"}
     summary = (pytester.path / "out" / "summary.md").read_text()
-    assert "3/4 met" in summary and "| tiny-wrong ❌ | clean | race (data, analysis, graph) | 100.0% (5/5) |" in summary
+    assert summary.startswith("❌ **fence-harness: 1 of 4 failed** · ")
+    assert "| tiny-wrong ❌ | clean | race (data, analysis, graph) | 100.0% (5/5) |" in summary
     assert (pytester.path / "out" / "report.html").is_file()
 
 

@@ -38,7 +38,7 @@ def full_page() -> str:
 def test_summary_of_the_sample():
     text = render_summary(SAMPLE)
     lines = text.splitlines()
-    assert lines[0] == "**fence-harness** · device cuda · GPU NVIDIA H200 · torch 2.11.0+cu130 · 12/12 met"
+    assert lines[0] == "✅ **fence-harness: all 12 met** · device cuda · GPU NVIDIA H200 · torch 2.11.0+cu130"
     assert lines[2].startswith("Stale rates with their 95% interval (Clopper-Pearson)")
     assert lines[4] == ("| scenario | expected | observed | stale rate | 95% interval | replays to see (99%) "
                         "| findings |")
@@ -76,17 +76,21 @@ def test_summary_marks_unmet_and_errors_and_escapes_pipes():
     s.update(met=False, observed=None, error="replay 3 timed out | after 30 s\nstill pending")
     doc["summary"].update(met=11, errors=1)
     text = render_summary(doc)
-    assert "11/12 met · 1 errors" in text.splitlines()[0]
+    assert text.splitlines()[0] == ("❌ **fence-harness: 1 of 12 failed** · device cuda · GPU NVIDIA H200 · "
+                                    "torch 2.11.0+cu130 · 1 error")
     row = next(line for line in text.splitlines() if line.startswith("| attention-full-final_event"))
     assert "❌" in row and "error: replay 3 timed out \\| after 30 s still pending" in row
     assert row.count(" | ") == 6
+    # The failure leads the table, the rest follow in run order.
+    rows = [line.split(" | ")[0].removeprefix("| ") for line in text.splitlines()[6:18]]
+    assert rows == ["attention-full-final_event ❌"] + [s["name"] for s in doc["scenarios"] if s["met"]]
 
 
 def test_summary_on_the_simulator_names_the_cpu():
     doc = json.loads(json.dumps(SAMPLE))
     doc["environment"] = {"device": "sim", "torch": "2.13.0+cpu", "cpu_model": "AMD EPYC 9654"}
     headline = render_summary(doc).splitlines()[0]
-    assert headline == "**fence-harness** · device sim · CPU AMD EPYC 9654 · torch 2.13.0+cpu · 12/12 met"
+    assert headline == "✅ **fence-harness: all 12 met** · device sim · CPU AMD EPYC 9654 · torch 2.13.0+cpu"
 
 
 # ---- report.html --------------------------------------------------------------------------
@@ -256,22 +260,44 @@ def _partial(why: str = "SIGTERM") -> dict:
     return doc
 
 
-@pytest.mark.parametrize(("why", "words"), [("SIGINT", "interrupted (SIGINT)"), ("SIGTERM", "terminated (SIGTERM)"),
-                                            ("device-lost", "stopped: the device was lost")])
+@pytest.mark.parametrize(("why", "words"), [("SIGINT", "stopped by SIGINT"), ("SIGTERM", "stopped by SIGTERM"),
+                                            ("device-lost", "stopped when the device was lost")])
 def test_a_partial_run_says_so_why_and_what_did_not_run(why, words):
     doc = _partial(why)
-    assert headline(doc).endswith(f" · PARTIAL run, {words} · 3/3 met · 9 not run")
+    assert headline(doc) == (f"all 3 met · partial: {words}, 9 not run · device cuda · GPU NVIDIA H200 · "
+                             f"torch 2.11.0+cu130")
     text = render_summary(doc)
-    assert text.splitlines()[0] == f"**fence-harness** · {headline(doc)}"
+    assert text.splitlines()[0] == (f"⚠️ **fence-harness: all 3 met** · partial: {words}, 9 not run · device cuda · "
+                                    f"GPU NVIDIA H200 · torch 2.11.0+cu130")
     assert f"**Partial run, {words} after 3 of 12 scenarios; 9 did not run.**" in text
     assert "Not run: `attention-eager-nowaits`, `mamba-full-none`, `mamba-full-final_event`," in text
     page = render_html(doc)
-    assert html.escape(headline(doc)) in page and 'class="partial"' in page
+    assert '<section class="verdict partial"' in page
+    assert f'<p class="state">partial: {words}, 9 not run</p>' in page
     assert all(f"<code>{n}</code>" in page for n in doc["not_run"])
 
 
+def test_a_partial_run_rebuilt_from_the_journal_says_so():
+    doc = _partial("killed")
+    doc["rebuilt_from"] = "journal"
+    assert "partial: killed, rebuilt from the journal, 9 not run" in headline(doc)
+    del doc["not_run"]  # `fence-harness report DIR` after a kill: the journal knows only what finished
+    assert headline(doc).startswith("all 3 met · partial: killed, rebuilt from the journal · device cuda")
+
+
+def test_a_partial_run_with_a_failure_is_red():
+    doc = _partial()
+    doc["scenarios"][1]["met"] = False
+    doc["summary"]["met"] = 2
+    assert headline(doc).startswith("1 of 3 failed · partial: stopped by SIGTERM, 9 not run · ")
+    assert '<section class="verdict failed"' in render_html(doc)
+    assert render_summary(doc).startswith("❌ **fence-harness: 1 of 3 failed** · partial: stopped by SIGTERM")
+
+
 def test_a_finished_run_has_no_partial_note():
-    assert "PARTIAL" not in render_summary(SAMPLE) and 'class="partial"' not in render_html(SAMPLE)
+    assert "partial" not in render_summary(SAMPLE).lower()
+    page = render_html(SAMPLE)
+    assert 'class="state"' not in page and '<section class="verdict met"' in page
 
 
 def test_a_stopped_soak_has_no_scenario_count_and_no_list():
@@ -279,10 +305,11 @@ def test_a_stopped_soak_has_no_scenario_count_and_no_list():
     doc = json.loads(json.dumps(SAMPLE))
     doc.update(scenarios=[], summary={"scenarios": 0, "met": 0, "errors": 0}, partial=True, interrupted="SIGINT",
                soak={"scenarios": 780, "twins": 195, "false_positives": 0, "missed_races": {"total": 2, "jitter": 2}})
-    assert headline(doc).endswith(" · PARTIAL run, interrupted (SIGINT) · soak of 780 scenarios + 195 twins: "
-                                  "0 false positives, 2 missed races")
+    # With no scenario kept, what the soak counted is the verdict's words; no count of what did not run.
+    assert headline(doc) == ("soak of 780 scenarios + 195 twins: 0 false positives, 2 missed races · partial: "
+                             "stopped by SIGINT · device cuda · GPU NVIDIA H200 · torch 2.11.0+cu130")
     text = render_summary(doc)
-    assert "**Partial run, interrupted (SIGINT); this file holds what finished before it stopped.**" in text
+    assert "**Partial run, stopped by SIGINT; this file holds what finished before it stopped.**" in text
 
 
 # ---- the benchmark and the strategy check -------------------------------------------------
@@ -305,7 +332,9 @@ def _strategies(doc: dict) -> dict:
 def test_a_benchmark_summary_carries_its_numbers():
     text = render_summary(BENCH)
     lines = text.splitlines()
-    assert "0/0 met" not in lines[0] and lines[0].endswith("· fence cost of 14 points × 5 arms")
+    # Nothing has an expectation: no sign, no "0/0 met"; what it holds is the first line's words.
+    assert lines[0].startswith("**fence-harness: fence cost of 14 points × 5 arms** · device cuda · ")
+    assert "met" not in lines[0]
     assert ("| model | layers | prefix | hidden | load ms | compute ms | none (unfenced: wrong) | final_event "
             "| layerwise_graph | host_sync | eager_fallback |") in lines
     # An older run's points: no hidden size (1,024), median (p10–p90) and the ratio to the bound,
@@ -320,7 +349,8 @@ def test_a_benchmark_summary_carries_its_numbers():
 def test_a_document_with_nothing_in_it_says_so():
     doc = json.loads(json.dumps(BENCH))
     doc["bench"] = None
-    assert headline(doc).endswith("· no scenarios") and "0/0" not in headline(doc)
+    assert headline(doc).startswith("no scenarios · device cuda") and "0/0" not in headline(doc)
+    assert '<section class="verdict none"' in render_html(doc)
 
 
 def test_the_benchmark_page_has_its_table_right_after_the_plot():
@@ -364,11 +394,11 @@ def _many_timelines(n: int) -> dict:
 
 
 def test_the_scenario_table_links_to_timelines_and_lets_names_wrap(full_page):
-    table = full_page[full_page.index('<table class="scenarios">'):]
+    table = full_page[full_page.index('<table class="scenarios verdicts">'):]
     table = table[:table.index("</table>")]
     header = re.findall(r"<th>([^<]*)</th>", table)
-    assert header == ["scenario", "variant (hazard)", "fault", "expected", "observed", "stale rate", "stale layers",
-                      "findings", "replays/s"]
+    assert header == ["result", "scenario", "variant (hazard)", "fault", "expected", "observed", "stale rate",
+                      "stale layers", "findings", "replays/s"]
     # A scenario with a timeline links to it; one without is plain text.
     assert '<a href="#timeline-attention-full-none">attention-full-none</a>' in table
     assert '<h3 id="timeline-attention-full-none">' in full_page
@@ -398,7 +428,7 @@ def test_a_long_report_opens_with_an_index_of_its_timelines():
     assert len(targets) == INDEX_FROM + 1
     assert all(f'<h3 id="{t}">' in page for t in targets)
     assert nav.count('class="fail"') == 1  # the unmet scenario stands out
-    assert page.index("</nav>") < page.index("<h2>Environment</h2>")
+    assert page.index('<section class="verdict') < page.index("</nav>") < page.index("<h2>Scenarios</h2>")
 
 
 def test_a_short_report_has_no_index(full_page):

@@ -40,7 +40,8 @@ def test_run_on_the_simulator_skips_what_is_for_gpus_and_says_so(mixed, tmp_path
     assert doc["skipped"] == [{"name": "tiny-full-final_event",
                                "why": f"runs only on cuda (devices in {mixed}), not on sim"}]
     summary = (out / "summary.md").read_text()
-    assert "1/1 met · 1 skipped on this device" in summary.splitlines()[0]
+    first = summary.splitlines()[0]
+    assert first.startswith("✅ **fence-harness: 1 of 1 met** · ") and first.endswith(" · 1 skipped on this device")
     assert f"**Skipped**: 1 scenario skipped: runs only on cuda (devices in {mixed}), not on sim." in summary
     assert "1 scenario skipped: runs only on cuda" in (out / "report.html").read_text()
 
