@@ -30,7 +30,7 @@ from harness.report.summary import (
     matrix_rows,
     variant_label,
 )
-from harness.report.timeline import stale_marks, stream_order
+from harness.report.timeline import Lane, lanes, stale_marks
 
 OUTCOME_COLOURS = {
     "killed": "#2e7d32",    # a mutant the harness caught
@@ -345,21 +345,37 @@ SPAN_STYLES = {
 MIN_BAR_PX = 3.0  # copies and kernels of a microsecond stay visible on a millisecond axis
 LABEL_PX_PER_CHAR = 4.5  # at the harness labels' 6.5 pt
 FIG_W = 11.0  # inches, the legend's column included
+THIN = 0.5  # the height of a lane of only event records, against 1 for a lane of work
+TITLE_CHARS = 110  # a longer title wraps rather than run off the figure
 
 
 def _timeline_title(name: str, timeline: dict) -> str:
+    import textwrap
+
     layers = ", ".join(str(x) for x in sorted(set(timeline.get("stale_layers") or []))) or "none"
     under = f" under {timeline['fault']}" if timeline.get("fault") else ""
     backup = ", ".join(str(x) for x in sorted(set(timeline.get("backup_stale_layers") or [])))
     wrong_copy = f"; host copy wrong: layers {backup}" if backup else ""
-    return f"{name}: one replay{under}; stale layers {layers}{wrong_copy}"
+    return textwrap.fill(f"{name}: one replay{under}; stale layers {layers}{wrong_copy}", TITLE_CHARS)
 
 
-def _draw_span(ax, s: dict, y: int, marked: bool, px_per_us: float) -> None:
+def lane_rows(rows: list[Lane]) -> list[float]:
+    """Each lane's centre on the y axis, top down: a lane of work 1 tall, a lane of only event
+    records THIN, so a stream that only records an event takes little room and still shows it."""
+    centres, top = [], 0.0
+    for lane in rows:
+        height = THIN if lane.marks_only else 1.0
+        centres.append(top + height / 2)
+        top += height
+    return centres
+
+
+def _draw_span(ax, s: dict, y: float, marked: bool, px_per_us: float, thin: bool = False) -> None:
     style = SPAN_STYLES[s["kind"]]
     min_w = MIN_BAR_PX / px_per_us
     if style.marker is not None:
-        ax.plot([s["start_us"]], [y - 0.3], marker=style.marker, color=style.colour, markersize=6,
+        # Above the bars of a lane of work; at the centre of a lane that holds nothing else.
+        ax.plot([s["start_us"]], [y if thin else y - 0.3], marker=style.marker, color=style.colour, markersize=6,
                 linestyle="none", zorder=style.z)
         return
     width = max(s["end_us"] - s["start_us"], min_w)
@@ -399,29 +415,36 @@ def timeline_png(name: str, timeline: dict | None) -> bytes | None:
 
 
 def timeline_figure(name: str, timeline: dict | None) -> Figure | None:
-    """One lane per stream (forward, load, then others: `stream_order`); each kind of span in
-    its own style (SPAN_STYLES); stale layers' copies and the reads that beat them hatched red."""
+    """One lane per stream that carries a span (forward, load, then others: `lanes`), labelled with
+    the stream and what it carries; each kind of span in its own style (SPAN_STYLES); stale layers'
+    copies and the reads that beat them hatched red."""
     if not timeline or not timeline.get("spans"):
         return None
-    spans = timeline["spans"]
-    lanes = stream_order(spans)
+    spans = [s for s in timeline["spans"] if s["kind"] in SPAN_STYLES]  # a kind it cannot draw: no lane
+    if not spans:
+        return None
+    rows = lanes(spans)
+    centres = lane_rows(rows)
+    height = sum(THIN if lane.marks_only else 1.0 for lane in rows)
     t0 = min(s["start_us"] for s in spans)
     t1 = max(s["end_us"] for s in spans)
     handles = _timeline_legend(spans, bool(timeline.get("stale_layers")), bool(timeline.get("backup_stale_layers")))
-    fig = Figure(figsize=(FIG_W, max(1.5 + 0.75 * len(lanes), 0.6 + 0.2 * len(handles))), dpi=100,
+    fig = Figure(figsize=(FIG_W, max(1.5 + 0.75 * height, 0.6 + 0.2 * len(handles))), dpi=100,
                  layout="constrained")
     ax = fig.add_subplot()
-    ax.set_yticks(range(len(lanes)), lanes)
-    ax.set_ylim(len(lanes) - 0.5, -0.5)
+    ax.set_yticks(centres, [f"{lane.name}\n{lane.carries}" for lane in rows], fontsize=8.5)
+    ax.set_ylim(height, 0)
     ax.set_xlim(t0 - (t1 - t0) * 0.01, t1 + (t1 - t0) * 0.02)
     ax.set_xlabel(f"time (µs, {timeline['clock']} clock)")
-    ax.set_title(_timeline_title(name, timeline), fontsize=10)
+    ax.set_title(_timeline_title(name, timeline), fontsize=10, loc="left")
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     ax.grid(axis="x", alpha=0.3)
     # Lay out the frame first: its width in pixels is what a minimum width is measured in.
     fig.draw_without_rendering()
     x0, x1 = ax.get_xlim()
     px_per_us = ax.bbox.width / max(x1 - x0, 1e-9)
-    for s, marked in zip(spans, stale_marks(timeline), strict=False):
-        _draw_span(ax, s, lanes.index(s["stream"]), marked, px_per_us)
+    where = {lane.stream: (y, lane.marks_only) for lane, y in zip(rows, centres, strict=True)}
+    marks = stale_marks({**timeline, "spans": spans})
+    for s, marked in zip(spans, marks, strict=True):
+        _draw_span(ax, s, where[s["stream"]][0], marked, px_per_us, thin=where[s["stream"]][1])
     return fig

@@ -141,8 +141,9 @@ def timeline():
 
 def test_lanes_forward_first_and_the_fault_in_the_title(timeline):
     ax = timeline.axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["forward", "load"]
-    assert ax.get_title() == "tiny-full-none: one replay under delay 1000us each; stale layers 1"
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["forward stream\npool kernels, compute kernels",
+                                                             "load stream\nH2D copies, injected delay, gate"]
+    assert ax.get_title(loc="left") == "tiny-full-none: one replay under delay 1000us each; stale layers 1"
 
 
 def _bars(ax, colour: str) -> list:

@@ -199,14 +199,15 @@ def test_the_chrome_trace_has_one_thread_per_stream(tmp_path):
     path = write_chrome_trace(timeline, tmp_path / "trace.json", scenario["name"])
     trace = json.loads(path.read_text())
     events = trace["traceEvents"]
-    streams = list(dict.fromkeys(s["stream"] for s in timeline["spans"]))
     names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert sorted(names.values()) == sorted(streams) and len(set(names)) == len(streams)
+    # A thread per stream, named as the plot's lane is: the stream, then what it carries.
+    assert list(names.values()) == ["forward stream: graph replay, pool kernels",
+                                    "load stream: H2D copies, injected delay", "host: synchronize"]
     assert [e["args"]["name"] for e in events if e["name"] == "process_name"] == ["attention-full-none"]
     complete = [e for e in events if e["ph"] == "X"]
     assert len(complete) == len(timeline["spans"])
     for event, span in zip(complete, timeline["spans"], strict=False):
-        assert names[event["tid"]] == span["stream"]
+        assert names[event["tid"]].startswith((f"{span['stream']} stream: ", f"{span['stream']}: "))
         assert event["ts"] == span["start_us"]  # microseconds, the format's unit
         assert event["dur"] == pytest.approx(span["end_us"] - span["start_us"])
         assert event["cat"] == span["kind"] and isinstance(event["pid"], int)
@@ -445,7 +446,9 @@ def test_streams_keep_one_order_forward_load_then_the_rest():
     assert stream_order(spans) == ["forward", "load", "capture", "host"]
     trace = chrome_trace({"clock": "virtual", "stale_layers": [], "spans": spans, "fault": "delay 5us each"})
     names = {e["args"]["name"]: e["tid"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
-    assert sorted(names, key=names.get) == ["forward", "load", "capture", "host"]
+    lanes = ["forward stream: H2D copies", "load stream: H2D copies", "capture stream: H2D copies",
+             "host: H2D copies"]
+    assert sorted(names, key=names.get) == lanes
     sort = {e["tid"]: e["args"]["sort_index"] for e in trace["traceEvents"] if e["name"] == "thread_sort_index"}
-    assert [sort[names[s]] for s in ("forward", "load", "capture", "host")] == [1, 2, 3, 4]
+    assert [sort[names[s]] for s in lanes] == [1, 2, 3, 4]
     assert trace["otherData"]["fault"] == "delay 5us each"
