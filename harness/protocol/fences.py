@@ -139,7 +139,7 @@ class LayerwiseGraphFence:
         s.on_layer_loaded(lambda layer: events[layer].record())
         s.add_wait(lambda counter, layer_id, pool: events[layer_id].wait())
 
-    def __call__(self, ctx: FenceContext) -> None:
+    def __call__(self, ctx: FenceContext) -> Runner | None:
         return None  # the waits are inside the graph
 
 
