@@ -159,15 +159,14 @@ def _href(scenario: str) -> str:
 
 @dataclass(frozen=True)
 class Cell:
-    """A cell with more than its text: smaller lines under it, a link within the page, a class of
-    its own (the result column's colour) or a span over the columns after it. Its text may break
-    after . _ @ / where a letter follows (see _breakable)."""
+    """A cell with more than its text: smaller lines under it, a link within the page, or a class
+    of its own (the result column's colour). Its text may break after . _ @ / where a letter
+    follows (see _breakable)."""
 
     text: str
     sub: tuple[str, ...] = ()
     href: str | None = None
     css: str = ""
-    colspan: int = 1
 
 
 def _breakable(text: str) -> str:
@@ -205,10 +204,8 @@ def _table(header: list[str], rows: list[list], numeric: Set[int] = frozenset(),
 
 
 def _td(i: int, c, numeric: Set[int], wrap: Set[int]) -> str:
-    own = c if isinstance(c, Cell) else Cell("")
-    css = own.css or ("num" if i in numeric else "wrap" if i in wrap else "")
-    attrs = (f' class="{escape(css)}"' if css else "") + (f' colspan="{own.colspan}"' if own.colspan > 1 else "")
-    return f"<td{attrs}>{_cell(c)}</td>"
+    css = (c.css if isinstance(c, Cell) else "") or ("num" if i in numeric else "wrap" if i in wrap else "")
+    return f'<td class="{escape(css)}">{_cell(c)}</td>' if css else f"<td>{_cell(c)}</td>"
 
 
 # ---- the environment ----------------------------------------------------------------------
@@ -299,11 +296,16 @@ def _per_s(rate: float) -> str:
     return f"{rate:.1f}" if rate < 10 else f"{rate:.0f}"
 
 
-def _skipped_row(why: str, names: list[str]) -> list:
-    """The scenarios this device skipped for one reason: "skipped", their names, and why across the
-    other columns; one row a reason, so a natural set skipped whole stays one row."""
-    return [Cell("skipped", css="skipped"), Cell(", ".join(names)),
-            Cell(skipped_sentence(why, names), colspan=len(SCENARIO_HEADER) - 2)]
+def _skipped(doc: dict) -> str:
+    """The scenarios this device skipped, one row a reason (a natural set skipped whole stays one
+    row): why, then their names. A table of its own under the scenario table: in it, a long list of
+    names would take the width its columns need."""
+    groups = skipped_groups(doc)
+    if not groups:
+        return ""
+    rows = [[Cell(skipped_sentence(why, names)), Cell(", ".join(names))] for why, names in groups]
+    return _table(["skipped on this device", "scenarios"], rows, row_classes=["skipped"] * len(rows),
+                  css="scenarios skipped-list", wrap={0, 1})
 
 
 def _stale(s: dict) -> Cell:
@@ -313,22 +315,21 @@ def _stale(s: dict) -> Cell:
 
 
 def _scenarios(doc: dict, drawn: Set[str]) -> str:
-    """The scenario table: those that failed first, then the rest in run order, then the skipped;
-    each scenario's happens-before findings under it, in the same order."""
+    """The scenario table: those that failed first, then the rest in run order; the skipped under
+    it; each scenario's happens-before findings after them, in the table's order."""
     ordered = table_order(doc["scenarios"])
-    skipped = skipped_groups(doc)
-    rows = [_scenario_row(s, drawn) for s in ordered] + [_skipped_row(why, names) for why, names in skipped]
-    classes = ["ok" if s["met"] else "fail" for s in ordered] + ["skipped"] * len(skipped)
+    rows = [_scenario_row(s, drawn) for s in ordered]
+    classes = ["ok" if s["met"] else "fail" for s in ordered]
     notes = [f'<p class="note">{escape(_sentence(t))}</p>' for t in [confidence_text(doc)] if t]
     body = [*notes, f'<p class="caption">{_code(_sentence(STALE_CAPTION))}</p>',
             _table(SCENARIO_HEADER, rows, numeric={6, 8, 9}, row_classes=classes, css="scenarios verdicts",
-                   wrap={3, 5})]
+                   wrap={3, 5}), _skipped(doc)]
     for s in ordered:
         if s["findings"]:
             items = "".join(f"<li>{escape(f)}</li>" for f in s["findings"])
             body.append(f"<details><summary>{escape(s['name'])}: {len(s['findings'])} happens-before "
                         f"findings</summary><ul>{items}</ul></details>")
-    return "\n".join(body)
+    return "\n".join(b for b in body if b)
 
 
 def _scenarios_section(doc: dict, drawn: Set[str]) -> str:

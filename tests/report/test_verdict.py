@@ -165,20 +165,30 @@ def test_the_result_column_reads_in_words_and_colour():
     assert table.all("tr")[0].all("th")[0].text() == "result"
 
 
-def test_skipped_scenarios_are_listed_with_their_reason_after_the_rest():
+def test_skipped_scenarios_are_listed_with_their_reason_under_the_table():
     skipped = [{"name": "natural-a", "why": "runs only on cuda (devices in natural.toml), not on sim"},
                {"name": "natural-b", "why": "runs only on cuda (devices in natural.toml), not on sim"},
                {"name": "big-one", "why": "needs 80 GiB"}]
     doc = _doc(FAILED, skipped=skipped)
-    rows = _scenario_rows(parse(render_html(doc)))
-    assert len(rows) == 12 + 2  # one row a reason
-    tail = rows[-2:]
-    assert [(r[0].text(), r[0].classes) for r in tail] == [("skipped", {"skipped"})] * 2
-    assert [r[1].text() for r in tail] == ["natural-a, natural-b", "big-one"]
-    assert tail[0][2].text() == "2 scenarios skipped: runs only on cuda (devices in natural.toml), not on sim."
-    assert tail[1][2].text() == "1 scenario skipped: needs 80 GiB."
-    assert all(int(r[2].attrs["colspan"]) + 2 == 10 for r in tail)  # across the rest of the row
-    assert "3 skipped on this device" in parse(render_html(doc)).one("section", "verdict").text()
+    body = parse(render_html(doc))
+    assert len(_scenario_rows(body)) == 12  # the table of verdicts holds what ran
+    listed = body.one("table", "skipped-list")
+    header, *rows = listed.all("tr")
+    assert [th.text() for th in header.all("th")] == ["skipped on this device", "scenarios"]
+    assert [r.attrs["class"] for r in rows] == ["skipped"] * 2  # one row a reason
+    assert [[td.text() for td in r.all("td")] for r in rows] == [
+        ["2 scenarios skipped: runs only on cuda (devices in natural.toml), not on sim.", "natural-a, natural-b"],
+        ["1 scenario skipped: needs 80 GiB.", "big-one"]]
+    # Under the scenario table, before the findings.
+    section = body.one("body").elements()
+    tables = [n for n in section if n.tag == "div" and n.all("table")]
+    kinds = [t.all("table")[0].classes for t in tables]
+    assert kinds.index({"scenarios", "skipped-list"}) == kinds.index({"scenarios", "verdicts"}) + 1
+    assert "3 skipped on this device" in body.one("section", "verdict").text()
+
+
+def test_without_skipped_scenarios_there_is_no_list():
+    assert not parse(render_html(SAMPLE)).all("table", "skipped-list")
 
 
 # ---- the environment ----------------------------------------------------------------------
