@@ -6,15 +6,31 @@ made it."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
 from harness.input.scenario_file import default_files, default_mutant_files, load_files
+from harness.report.results import command_line
 from harness.report.schema import load
 from tests.support.paths import ROOT
 
 SAMPLES = ROOT / "reports" / "samples"
-RUNS = sorted(p.parent for p in SAMPLES.glob("*/results.json"))
+# Samples known to be stale, by the commit they record: each fails both checks below, as an expected
+# failure (strict: a sample regenerated on today's files must leave this list, or it fails), until
+# a GPU run of the final build replaces it (docs/results.md#sample-reports names the commands).
+# These four predate the gate's sets, the kill matrix's later rows and path-free command lines.
+STALE = {"7fb9eaadd274ccd9b2518255f47797c282fbbdd9"}
+
+
+def _runs(scenario_runs_only: bool) -> list:
+    params = []
+    for path in sorted(p.parent for p in SAMPLES.glob("*/results.json")):
+        doc = load(path / "results.json")
+        stale = doc["git_commit"] in STALE and not (scenario_runs_only and selected_names(doc["command"]) is None)
+        marks = [pytest.mark.xfail(strict=True, reason=f"{path.name}: stale, not yet regenerated")] if stale else []
+        params.append(pytest.param(path, id=path.name, marks=marks))
+    return params
 # An absolute path of a build or test machine: a home, a checkout, a temporary or tool folder.
 MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|tmp|home|root|opt|usr/local|check|Users|var/folders)/")
 
@@ -30,8 +46,18 @@ def _files_after(command: list[str], flag: str) -> list[str]:
     return [a for a in taken if a.endswith(".toml")]
 
 
-def selected_names(command: list[str]) -> list[str] | None:
-    """The scenario names the recorded command selects from today's files (None: not a scenario run)."""
+def _today(path: str) -> Path:
+    """A recorded scenario file, as today's file of this checkout (a sample from before command
+    lines were recorded path-free names it by the capturing machine's absolute path)."""
+    parts = Path(path).parts
+    return ROOT.joinpath(*parts[parts.index("scenarios"):]) if "scenarios" in parts else ROOT / path
+
+
+def selected_names(recorded: list[str]) -> list[str] | None:
+    """The scenario names the recorded command selects from today's files (None: a benchmark)."""
+    command = command_line(recorded, ROOT)
+    if command[0] == "fence-harness" and command[1] == "bench":
+        return None
     if command[0] == "pytest":
         files = _files_after(command, "--harness-scenarios") + _files_after(command, "--harness-mutants")
     elif command[0] == "fence-harness" and command[1] in ("run", "mutants", "graph-check"):
@@ -39,15 +65,18 @@ def selected_names(command: list[str]) -> list[str] | None:
         files = files or [str(p) for p in (default_mutant_files(ROOT) if command[1] == "mutants"
                                            else default_files("", ROOT))]
     else:
-        return None
-    return sorted(s.name for s in load_files(ROOT / f for f in files))
+        raise AssertionError(f"a sample of a command this test does not know: {recorded}")
+    return sorted(s.name for s in load_files(_today(f) for f in files))
+
+
+RUNS = _runs(scenario_runs_only=False)
 
 
 def test_there_are_samples():
-    assert {"default-h200", "gpu-test-h200", "mutants-h200", "bench-h200"} <= {p.name for p in RUNS}
+    assert {"default-h200", "gpu-test-h200", "mutants-h200", "bench-h200"} <= {p.values[0].name for p in RUNS}
 
 
-@pytest.mark.parametrize("run", RUNS, ids=[p.name for p in RUNS])
+@pytest.mark.parametrize("run", _runs(scenario_runs_only=True))
 def test_a_sample_is_a_run_of_todays_scenario_files(run):
     doc = load(run / "results.json")
     assert re.fullmatch(r"[0-9a-f]{40}", doc["git_commit"] or ""), doc["git_commit"]
@@ -59,7 +88,7 @@ def test_a_sample_is_a_run_of_todays_scenario_files(run):
                           f"missing {sorted(set(names) - set(ran))}, gone {sorted(set(ran) - set(names))}")
 
 
-@pytest.mark.parametrize("run", RUNS, ids=[p.name for p in RUNS])
+@pytest.mark.parametrize("run", RUNS)
 def test_a_sample_names_no_folder_of_the_machine_that_made_it(run):
     for path in sorted(p for p in run.rglob("*") if p.is_file()):
         text = path.read_text(encoding="utf-8", errors="replace")
