@@ -1,12 +1,20 @@
-"""Devices behind one interface: `cuda` (real GPU) and `sim` (CPU, virtual time)."""
+"""Devices behind one interface: `cuda` (real GPU) and `sim` (CPU, virtual time).
+
+The interface itself is `harness.devices.base`. This package imports no torch when it loads: the
+report's environment table reads NVML through `harness.devices.nvml`, and `fence-harness merge` runs
+on a runner without torch.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from harness.devices.base import Device, Event, Graph, Stream, dtype_of
 from harness.records.device_settings import DEVICE_NAMES, SimCosts
 from harness.records.errors import InputError
+
+if TYPE_CHECKING:
+    from harness.devices.base import Device
 
 
 def device_kind(name: str) -> str:
@@ -34,4 +42,4 @@ def open_device(name: str, sim_costs: Sequence[str] = ()) -> Device:
     return SimDevice(SimCosts.from_settings(sim_costs))
 
 
-__all__ = ["Device", "Event", "Graph", "Stream", "dtype_of", "device_kind", "open_device", "DEVICE_NAMES"]
+__all__ = ["device_kind", "open_device", "DEVICE_NAMES"]

@@ -43,7 +43,8 @@ def test_every_mutant_is_killed_and_every_correct_variant_is_clean_on_the_simula
     assert graph == {"mutant.no_fence", "mutant.fence_on_layer0_event", "mutant.final_event_before_last_copy",
                      "mutant.fence_on_wrong_stream", "mutant.fence_on_previous_load_op",
                      "mutant.layerwise_events_never_recorded", "mutant.write_after_write",
-                     "mutant.value_flag_before_copies", "mutant.value_flag_not_rearmed"}, graph
+                     "mutant.value_flag_before_copies", "mutant.value_flag_not_rearmed",
+                     "mutant.counter_registered_after_capture"}, graph
 
 
 def test_the_matrix_has_teeth_a_mutant_run_as_correct_is_flagged_and_vice_versa():

@@ -308,4 +308,4 @@ def test_the_timeline_shows_device_to_host_copies_and_marks_the_wrong_ones():
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert "copy (write-back, D2H)" in labels and "copy (load-back, H2D)" in labels
     assert "a write-back copy whose host copy came out wrong" in labels
-    assert "host copy wrong: layers 0, 1, 2, 3" in fig.axes[0].get_title()
+    assert "host copy wrong: layers 0, 1, 2, 3" in fig.axes[0].get_title(loc="left")
