@@ -16,6 +16,7 @@
 #                the harness checks replays against the device time of what it checks; then what
 #                harness.sanitizer costs per replay (GPU only)
 # make gpu-verdicts  on a GPU runner: the GPU's verdicts that the simulator's fidelity test compares
+# make gpu-samples   on a GPU runner: the committed samples (reports/samples/*-h200) regenerated
 
 VENV      ?= .venv
 VPY       := $(VENV)/bin/python
@@ -26,7 +27,7 @@ PYTHON    ?= python3
 HAS_TORCH := $(shell $(PYTHON) -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)' \
 	>/dev/null 2>&1 && echo yes)
 
-.PHONY: test test-engine engine-matrix engine-pack engine-from-pack run gpu-test gpu-nightly gpu-verdicts bench clean
+.PHONY: test test-engine engine-matrix engine-pack engine-from-pack run gpu-test gpu-nightly gpu-verdicts gpu-samples bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -162,6 +163,19 @@ VERDICT_FILES = $(filter-out scenarios/natural.toml,$(wildcard scenarios/*.toml)
 gpu-verdicts:
 	PYTHONPATH=. $(PYTHON) -m harness run $(VERDICT_FILES) --device cuda --out $(REPORTS)/verdicts
 	cp $(REPORTS)/verdicts/results.json tests/data/gpu_verdicts.json
+
+# The committed samples (reports/samples/*-h200, docs/results.md#sample-reports), regenerated on a
+# GPU runner from this checkout: each folder emptied, then written by the command it records, with
+# paths relative to the checkout (tests/report/test_samples.py checks both). Where the tree is a copy
+# without git, COMMIT (or GITHUB_SHA) names the commit the samples record.
+SAMPLES ?= reports/samples
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+gpu-samples:
+	rm -rf $(SAMPLES)/gpu-test-h200 $(SAMPLES)/default-h200 $(SAMPLES)/mutants-h200 $(SAMPLES)/bench-h200
+	GITHUB_SHA=$(COMMIT) $(MAKE) gpu-test REPORTS=$(SAMPLES)/gpu-test-h200
+	GITHUB_SHA=$(COMMIT) PYTHONPATH=. $(PYTHON) -m harness run --device cuda --out $(SAMPLES)/default-h200
+	GITHUB_SHA=$(COMMIT) PYTHONPATH=. $(PYTHON) -m harness mutants --device cuda --out $(SAMPLES)/mutants-h200
+	GITHUB_SHA=$(COMMIT) PYTHONPATH=. $(PYTHON) -m harness bench --device cuda --out $(SAMPLES)/bench-h200
 
 # What each correct fence costs (device events; the whole sweep on a GPU, the default point on the
 # simulator), and every strategy against every full-graph race scenario.

@@ -241,7 +241,7 @@ def runnable(scenarios: list[Scenario], device: str) -> tuple[list[Scenario], li
 
 
 def _sources(scenarios: list[Scenario]) -> str:
-    return ", ".join(sorted({s.source for s in scenarios}))
+    return ", ".join(sorted({s.shown_source for s in scenarios}))
 
 
 def _run_all(scenarios: list[Scenario], dev: Device, args: argparse.Namespace,

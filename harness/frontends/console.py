@@ -215,7 +215,7 @@ def skip_lines(skipped: list[Scenario], device: str) -> list[str]:
     they run only on cuda (devices = ["cuda"]), not on sim"."""
     groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
     for s in skipped:
-        groups.setdefault((s.source, s.devices or ()), []).append(s.name)
+        groups.setdefault((s.shown_source, s.devices or ()), []).append(s.name)
     lines = []
     for (source, devices), names in groups.items():
         listed = ", ".join(f'"{d}"' for d in devices)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 
 class NamedEnum(str, enum.Enum):
@@ -269,7 +270,12 @@ class Scenario:
         """Why it does not run on `device`, or None when it does."""
         if self.runs_on(device):
             return None
-        return f"runs only on {' / '.join(self.devices or ())} (devices in {self.source}), not on {device}"
+        return f"runs only on {' / '.join(self.devices or ())} (devices in {self.shown_source}), not on {device}"
+
+    @property
+    def shown_source(self) -> str:
+        """`source` as a message shows it (`shown_path`)."""
+        return shown_path(self.source)
 
     def describe(self) -> str:
         extra = "".join(
@@ -296,3 +302,23 @@ def kv_slots_needed(shape: ModelShape, batch: tuple[Request, ...]) -> int:
     """KV slots a batch needs: whole pages per request, plus page 0 (padding, never used)."""
     page = shape.page_size
     return page + sum(math.ceil((r.prefix + r.new) / page) * page for r in batch)
+
+
+_INSTALL_DIRS = ("site-packages", "dist-packages")
+
+
+def shown_path(source: str, cwd: Path | None = None) -> str:
+    """A scenario file's path as a message or a committed report shows it: relative to the working
+    directory when it lies under it; a file of an installed package (the bundled sets of a wheel)
+    from the package's name on (`harness/scenarios/natural.toml`); any other path as given. A skip
+    reason or a report then names no folder of the machine that made it."""
+    path = Path(source)
+    if not path.is_absolute():
+        return source
+    try:
+        return path.resolve().relative_to(Path(cwd or Path.cwd()).resolve()).as_posix()
+    except ValueError:
+        pass
+    parts = path.parts
+    installed = [i for i, part in enumerate(parts) if part in _INSTALL_DIRS]
+    return "/".join(parts[installed[-1] + 1:]) if installed else source
