@@ -22,6 +22,8 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
+from harness.records.errors import HarnessError
+
 # The simulator's cost of an all-reduce on top of waiting for the last rank: a fixed latency, and the
 # ring's 2(n-1)/n of the bytes at an NVLink-like bandwidth.
 ALL_REDUCE_LATENCY_US = 8.0
@@ -63,16 +65,24 @@ class RankGroup:
             # ends) must not wait a timeout more for each of its collectives.
             return arrival_us
         self.collectives += 1
-        payload = torch.cat([torch.tensor([arrival_us], dtype=torch.float64), tensor.detach().reshape(-1).double()])
+        head = torch.tensor([arrival_us, self.collectives], dtype=torch.float64)
+        payload = torch.cat([head, tensor.detach().reshape(-1).double()])
         gathered = [torch.empty_like(payload) for _ in range(self.world)]
         try:
             dist.all_gather(gathered, payload)
         except Exception as e:
             self.broken = str(e) or type(e).__name__
             raise
-        total = gathered[0][1:].clone()
+        counts = [int(g[1]) for g in gathered]
+        if len(set(counts)) > 1:
+            # The ranks ran different work (a fence on some ranks that captures a runner of its own):
+            # their collectives no longer pair up, and a sum of unrelated tensors is no result.
+            at = ", ".join(f"rank {r} at all-reduce {n}" for r, n in enumerate(counts))
+            self.broken = f"the ranks' collectives are out of step ({at}): the ranks ran different work"
+            raise HarnessError(self.broken)
+        total = gathered[0][2:].clone()
         for other in gathered[1:]:
-            total += other[1:]
+            total += other[2:]
         tensor.copy_(total.view(tensor.shape))
         last = max(float(g[0]) for g in gathered)
         return last + self.cost_us(tensor.numel() * tensor.element_size())

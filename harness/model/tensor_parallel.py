@@ -28,6 +28,7 @@ from harness.protocol.layout import Layout
 from harness.protocol.pools import HybridPool
 from harness.protocol.writeback import HostBackup
 from harness.records.errors import HarnessError
+from harness.records.ranks import split_problem
 from harness.records.scenario import ModelShape
 
 ALL_REDUCE = "all-reduce"  # what a collective's op and graph node are named after
@@ -36,19 +37,6 @@ ALL_REDUCE = "all-reduce"  # what a collective's op and graph node are named aft
 def rank_shape(shape: ModelShape, tp: int) -> ModelShape:
     """The shape one rank's pools and buffers have: its query and KV heads."""
     return replace(shape, heads=shape.heads // tp, kv_heads=shape.kv_heads // tp)
-
-
-def split_problem(shape: ModelShape, tp: int) -> str | None:
-    """Why `shape` cannot be split over `tp` ranks, or None."""
-    if tp == 1:
-        return None
-    if shape.mamba_layers:
-        return "tensor parallelism splits attention heads and MLP columns; Mamba layers are not split (use A layers)"
-    shares = (("heads", shape.heads), ("kv_heads", shape.kv_heads), ("2 * hidden (the MLP width)", 2 * shape.hidden))
-    for what, n in shares:
-        if n % tp:
-            return f"{what} ({n}) must be a multiple of tp ({tp}): each rank holds an equal share"
-    return None
 
 
 class TensorParallelModel(HybridModel):

@@ -12,6 +12,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from harness.records.scenario import ModelShape
+
+TP_SIZES = (1, 2, 4, 8)  # what a scenario's `tp` may be
+
+
+def split_problem(shape: ModelShape, tp: int) -> str | None:
+    """Why `shape` cannot be split over `tp` ranks, or None."""
+    if tp == 1:
+        return None
+    if shape.mamba_layers:
+        return "tensor parallelism splits attention heads and MLP columns; Mamba layers are not split (use A layers)"
+    shares = (("heads", shape.heads), ("kv_heads", shape.kv_heads), ("2 * hidden (the MLP width)", 2 * shape.hidden))
+    for what, n in shares:
+        if n % tp:
+            return f"{what} ({n}) must be a multiple of tp ({tp}): each rank holds an equal share"
+    return None
+
 
 @dataclass(frozen=True)
 class RankReplay:

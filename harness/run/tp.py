@@ -125,8 +125,16 @@ def run_tp(scenario: Scenario, dev: Any, make_result: Callable[[Scenario], Any],
     """The scenario on `scenario.tp` rank processes; `make_result(scenario)` makes the empty result
     (`ScenarioResult`) that the ranks' results are merged into."""
     t0 = time.perf_counter()
-    ctx = _mp()
     kind = _device_kind(dev)
+    if kind == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < scenario.tp:
+            result = make_result(scenario)
+            result.error = (f"tp = {scenario.tp} runs one rank a GPU (NCCL between them); this host has "
+                            f"{torch.cuda.device_count()}")
+            return result
+    ctx = _mp()
     costs = dict(dev.costs.__dict__) if kind == "sim" else None
     init = f"tcp://127.0.0.1:{_free_port()}"
     tmp = tempfile.TemporaryDirectory(prefix="fence-harness-tp-")
