@@ -34,6 +34,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10
     import tomli as tomllib
 
+from harness.input import tp_keys
 from harness.input.plugins import Kind, resolve
 from harness.records.errors import InputError
 from harness.records.releases import ReleaseExpectations
@@ -160,7 +161,7 @@ def parse_text(text: str, source: str) -> list[Scenario]:
         raise InputError(source, "", f"TOML syntax error: {detail}") from None
     try:
         return _parse_document(document, source)
-    except _Invalid as e:
+    except (_Invalid, tp_keys.KeyProblem) as e:
         raise InputError(source, e.key, e.message) from None
 
 
@@ -579,6 +580,8 @@ _SCENARIO_FIELDS: dict[str, Callable[..., Any]] = {
     "poison": _poison,
     "tolerance": _tolerance,
     "devices": _devices,
+    "tp": tp_keys.parse_tp,
+    "fence_ranks": tp_keys.parse_ranks,
 }
 
 _REQUIRED_HINTS = {
@@ -624,8 +627,12 @@ def _defaults(table: dict[str, Any], fields: dict[str, Parser]) -> dict[str, Any
         raise _Invalid(
             "defaults.name", "name cannot have a default; each [[scenario]] names itself"
         )
+    table, fault_ranks = tp_keys.split_fault_ranks(table, "defaults")
     _check_keys(table, (k for k in fields if k != "name"), "defaults")
-    return {k: fields[k](v, f"defaults.{k}") for k, v in table.items()}
+    parsed = {k: fields[k](v, f"defaults.{k}") for k, v in table.items()}
+    if fault_ranks is not tp_keys.NOT_GIVEN:
+        parsed["fault_ranks"] = fault_ranks
+    return parsed
 
 
 def _scenario(
@@ -635,12 +642,14 @@ def _scenario(
     fields: dict[str, Parser],
     source: str,
 ) -> Scenario:
-    table = _table(value, prefix)
+    table, fault_ranks = tp_keys.split_fault_ranks(_table(value, prefix), prefix)
     _check_keys(table, fields, prefix)
     values = {
         **defaults,
         **{k: fields[k](v, f"{prefix}.{k}") for k, v in table.items()},
     }
+    if fault_ranks is not tp_keys.NOT_GIVEN:  # a scenario's own fault brings its own ranks
+        values["fault_ranks"] = fault_ranks
     by_release = values.get("expect_by_release")
     if by_release is not None:
         values["expect"] = _expect_on_release(by_release, values.get("engine"), prefix)
@@ -673,6 +682,7 @@ def _scenario(
             raise _Invalid(f"{prefix}.transfer",
                            f"transfer names the write-back / staging path, which hazard {hazard.value!r} does "
                            f"not run; it needs hazard = one of: {users}")
+    tp_keys.check_tp(values, prefix)
     return Scenario(**values, source=source)
 
 

@@ -205,7 +205,7 @@ class HybridModel:
         s = layout.shape
         device = dev.torch_device
         dt = dtype_of(s.dtype)
-        self.layers, self.final_norm, self.x = init_weights(layout, seed, device)
+        self.layers, self.final_norm, self.x = self._weights(layout, seed, device)
         self.mix_weights = {
             lid: MambaMixWeights(w) for lid, w in enumerate(self.layers) if isinstance(w, MambaWeights)
         }
@@ -233,6 +233,10 @@ class HybridModel:
             for lid in s.attention_layers
         }
         self.steps = self._build_steps()
+
+    def _weights(self, layout: Layout, seed: int, device: torch.device):
+        """The layers' weights, the final norm and the input (a rank's share: `tensor_parallel`)."""
+        return init_weights(layout, seed, device)
 
     # ---- steps ----------------------------------------------------------------
     def _build_steps(self) -> list[Step]:

@@ -260,6 +260,13 @@ class Scenario:
     # The device kinds it runs on ("cuda", "sim"); None: every one. Serving shapes are for GPUs:
     # on another device the scenario is skipped, and the run says so.
     devices: tuple[str, ...] | None = None
+    # Tensor parallelism (`harness.run.tp`): ranks, one process each, the model's heads and MLP columns
+    # split across them and an all-reduce after each block. `fault_ranks`: the ranks the fault runs on
+    # (None: every rank); `fence_ranks`: the ranks that run the fence (None: every rank; the others
+    # run none).
+    tp: int = 1
+    fault_ranks: tuple[int, ...] | None = None
+    fence_ranks: tuple[int, ...] | None = None
     source: str = "<inline>"  # the file it came from, for messages
 
     def runs_on(self, device: str) -> bool:
@@ -286,6 +293,9 @@ class Scenario:
                 ("hazard", self.hazard.value, "raw"),
                 ("engine", self.engine, None),
                 ("transfer", self.transfer, None),
+                ("tp", self.tp, 1),
+                ("fault_ranks", _ranks_text(self.fault_ranks), None),
+                ("fence_ranks", _ranks_text(self.fence_ranks), None),
             )
             if value != default
         )
@@ -296,6 +306,10 @@ class Scenario:
 
     def with_overrides(self, **changes) -> Scenario:
         return replace(self, **changes)
+
+
+def _ranks_text(ranks: tuple[int, ...] | None) -> str | None:
+    return None if ranks is None else ",".join(map(str, ranks))
 
 
 def kv_slots_needed(shape: ModelShape, batch: tuple[Request, ...]) -> int:

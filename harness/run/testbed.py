@@ -7,12 +7,14 @@ from typing import Any
 import torch
 
 from harness.devices.base import Device
+from harness.devices.collective import current_group
 from harness.engines import load_engine
 from harness.engines.engine import EngineLoader
 from harness.faults.plan import FaultPlan
 from harness.input.plugins import Kind, for_scenario, resolve
 from harness.model.runners import Runner, make_runner
 from harness.model.stack import HybridModel
+from harness.model.tensor_parallel import TensorParallelModel, rank_shape
 from harness.protocol.accessors import AccessorPolicy
 from harness.protocol.counter import LoadCounter
 from harness.protocol.fences import FenceSetup
@@ -39,13 +41,16 @@ class Testbed:
         torch.manual_seed(scenario.seed)
         s = scenario
         self.scenario, self.dev, self.timeout_s = s, dev, timeout_s
-        self.layout = layout = plan_layout(s.model, s.batch)
+        # A tensor-parallel rank (`harness.run.tp`) holds its own heads' pools and its share of the model.
+        self.group = current_group() if s.tp > 1 else None
+        self.layout = layout = plan_layout(rank_shape(s.model, s.tp) if self.group else s.model, s.batch)
         engine = load_engine(s.engine) if s.engine else None
         self.pool = engine.pools(dev, layout) if engine else HybridPool(dev, layout)  # the engine's own pools
         self.host = HostPool(dev, layout, s.seed)
         # The write-back's host copy, for the hazards that back up: the model's probes observe it.
         backup = HostBackup(dev, layout) if HAZARDS[s.hazard].backs_up else None
-        self.model = HybridModel(dev, layout, self.pool, s.seed, backup)
+        self.model = (TensorParallelModel(dev, layout, self.pool, s.seed, s.model, self.group, backup)
+                      if self.group is not None else HybridModel(dev, layout, self.pool, s.seed, backup))
         n = layout.shape.num_layers
         # The engine's own load chain where it has one for this model: its counter and its load stream.
         self.engine_load: EngineLoader | None = engine.loader(dev, layout, self.pool, self.host) if engine else None
