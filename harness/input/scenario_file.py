@@ -673,6 +673,9 @@ def _scenario(
             "hazard 'waw' needs Mamba layers (an M in model.layers): only Mamba state "
             "is written in place by prefill",
         )
+    if values.get("hazard") is Hazard.COW and not values["model"].mamba_layers:
+        raise _Invalid(f"{prefix}.hazard", "hazard 'mamba_cow' needs Mamba layers (an M in model.layers): "
+                       "it copies a Mamba slot")
     if values.get("transfer") is not None:
         from harness.protocol.hazards import HAZARDS
 

@@ -48,6 +48,12 @@ class Hazard(NamedEnum):
     STORE = "store_before_compute"  # a D2H backup copy reads slots before the forward wrote them
     REUSE = "reuse_before_backup"  # the next batch writes slots whose D2H backup has not finished
     STAGING = "staging_overwrite"  # a pinned staging buffer refilled while its H2D copy is pending
+    # The next forward overwrites slots whose D2H backup has not finished (sgl-project/sglang#38300)
+    FORWARD_OVER_BACKUP = "forward_over_backup"
+    # The next batch's load-back into pages the forward still writes (sgl-project/sglang#36738)
+    RELOAD = "reload_before_write"
+    # A deferred Mamba copy-on-write reads a whole slot while it is loaded layer by layer (#36743)
+    COW = "mamba_cow"
 
 
 class Pace(NamedEnum):
