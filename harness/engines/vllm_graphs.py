@@ -69,6 +69,25 @@ def _strategy(extra_config: dict[str, Any], downgrade: bool, description: str):
     return make
 
 
+# The connector `fence-harness connector-check` checks (set by `checking`; None: the harness's own).
+_checked: tuple[type | None, dict[str, Any]] = (None, {})
+
+
+def checking(connector: type | None, extra_config: dict[str, Any] | None = None) -> None:
+    """The connector the `vllm_check*` fences configure vLLM with (one check at a time)."""
+    global _checked
+    _checked = (connector, dict(extra_config or {}))
+
+
+def _checked_strategy(downgrade: bool, description: str):
+    def make() -> VllmGraphs:
+        return VllmGraphs(*_checked, downgrade=downgrade)
+
+    make.makes_strategy = True  # type: ignore[attr-defined]
+    make.__doc__ = description
+    return make
+
+
 FENCES = {
     "vllm_layerwise": _strategy(
         {"requires_piecewise": False}, True,
@@ -81,4 +100,8 @@ FENCES = {
     "vllm_layerwise_piecewise_nodowngrade": _strategy(
         {"requires_piecewise": True}, False,
         "Mutant: the connector declares True and VllmConfig's decision is not taken (FULL whatever it said)."),
+    "vllm_check": _checked_strategy(
+        True, "The installed vLLM's cudagraph mode for the connector `fence-harness connector-check` checks."),
+    "vllm_check_full": _checked_strategy(
+        False, "A FULL graph for the connector `fence-harness connector-check` checks, whatever it declares."),
 }
