@@ -48,8 +48,11 @@ def test_declaring_true_where_full_was_safe_is_a_cost_note(capsys):
 
 
 def test_vllms_offloading_connector_cannot_run_on_the_simulator(capsys):
+    # With vLLM's serving packages (openai-harmony, llguidance, xgrammar ...) its module imports and its
+    # worker cannot be built here (docs/engines.md says why); without them (the .[vllm] extra alone) its
+    # module does not import. Either is one line, exit 2, never a verdict.
     code, out = check(capsys, "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector:OffloadingConnector")
-    assert code == 2 and "did not run on the harness's device" in out
+    assert code == 2 and ("did not run on the harness's device" in out or "cannot import" in out)
 
 
 @pytest.mark.parametrize("name, says", [
