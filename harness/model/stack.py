@@ -271,6 +271,11 @@ class HybridModel:
         self.v_new.copy_(qkv[:, s.heads + s.kv_heads :])
 
     def _attention_step(self, lid: int) -> None:
+        # The pools run it: the harness's own call it, an engine's run it inside the engine's own
+        # attention entry point (vLLM's, with its connector hooks around the kernel).
+        self.pool.attention(lid, partial(self._attend, lid))
+
+    def _attend(self, lid: int) -> None:
         kv = self.pool.kv
         k_buf = kv.get_key_buffer(lid)  # the engine's waiting accessors
         v_buf = kv.get_value_buffer(lid)
