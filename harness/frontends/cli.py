@@ -400,7 +400,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     dev = open_device(args.device, args.sim_costs)
     reason = s.skip_reason(dev.name)
     if reason:
-        raise InputError(s.source, f"scenario '{s.name}'", reason)
+        raise InputError(s.shown_source, f"scenario '{s.name}'", reason)
     print(f"device: {dev.name}  scenario: {s.name}  {s.describe()}  seed {s.seed}")
     lines = _ReplayLines()
     r = run_scenario(s, dev, replays=args.replays, timeout_s=args.timeout, on_replay=lines.add)

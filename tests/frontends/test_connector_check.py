@@ -11,7 +11,7 @@ pytest.importorskip("vllm", reason="vllm is not importable here; `make engine-ma
 from harness.engines import vllm as adapter  # noqa: E402
 from harness.frontends.cli import main  # noqa: E402
 
-EXAMPLES = "harness.examples.vllm_connectors"
+EXAMPLES = "harness.engines.vllm_reference_connectors"
 # Whether this release reads the declaration (vllm-project/vllm#31057), from its own base class.
 CHECKS = hasattr(adapter.load().module(adapter.CONNECTOR).KVConnectorBase_V1, "requires_piecewise_for_cudagraph")
 

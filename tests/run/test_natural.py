@@ -14,6 +14,7 @@ import pytest
 import harness.report.plots  # noqa: F401
 from harness.frontends.cli import main
 from harness.input.scenario_file import SCENARIO_DIR, default_files, load_file
+from harness.records.scenario import shown_path
 from tests.support.paths import ROOT
 
 NATURAL = SCENARIO_DIR / "natural.toml"
@@ -51,8 +52,9 @@ def test_the_natural_set_alone_on_the_simulator_selects_nothing_and_exits_2(tmp_
     out = tmp_path / "r"
     assert main(["run", str(NATURAL), "--device", "sim", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"fence-harness: {NATURAL}: devices: each of its {len(load_file(NATURAL))} selected scenarios "
-                   f"runs only on cuda; none runs on sim"]
+    # The file as messages name it: relative to the working directory (the checkout), never absolute.
+    assert err == [f"fence-harness: {shown_path(str(NATURAL))}: devices: each of its {len(load_file(NATURAL))} "
+                   f"selected scenarios runs only on cuda; none runs on sim"]
     assert not (out / "results.json").exists()
 
 
@@ -61,8 +63,9 @@ def test_repro_of_a_gpu_scenario_on_the_simulator_is_one_line_exit_2(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     # repro reads the working directory's scenarios/ (this checkout's), the file it names is that one.
     natural = next(p for p in default_files() if p.name == "natural.toml")
-    assert err == [f"fence-harness: {natural}: scenario 'natural-mha8-2k-full-none': runs only on cuda "
-                   f"(devices in {natural}), not on sim"]
+    shown = shown_path(str(natural))
+    assert err == [f"fence-harness: {shown}: scenario 'natural-mha8-2k-full-none': runs only on cuda "
+                   f"(devices in {shown}), not on sim"] and not shown.startswith("/")
 
 
 def test_the_strategy_check_leaves_out_what_runs_on_one_device_only():

@@ -1,10 +1,11 @@
-"""Worked examples for `fence-harness connector-check`: V1 KV connectors built on the harness's
-layerwise connector (`harness.engines.vllm_connector.LayerwiseConnector`), each with its declaration.
+"""The reference connectors of `fence-harness connector-check`, one for each of its answers: V1 KV
+connectors built on the harness's layerwise connector (`harness.engines.vllm_connector`), each
+with its declaration.
 
-    fence-harness connector-check harness.examples.vllm_connectors:DeclaresFalse    # race, exit 1
-    fence-harness connector-check harness.examples.vllm_connectors:DeclaresTrue     # honest (0.17.0 on)
-    fence-harness connector-check harness.examples.vllm_connectors:NoWait           # race, exit 1
-    fence-harness connector-check harness.examples.vllm_connectors:WaitsAtStart     # honest, at a cost
+    fence-harness connector-check harness.engines.vllm_reference_connectors:DeclaresFalse    # race, exit 1
+    fence-harness connector-check harness.engines.vllm_reference_connectors:DeclaresTrue     # honest (0.17.0 on)
+    fence-harness connector-check harness.engines.vllm_reference_connectors:NoWait           # race, exit 1
+    fence-harness connector-check harness.engines.vllm_reference_connectors:WaitsAtStart     # honest, at a cost
 
 This module imports vLLM (a connector subclasses its `KVConnectorBase_V1`).
 """
