@@ -1,7 +1,9 @@
 # make test      lint (ruff), types (mypy), then the CPU suite (creates .venv on first use; torch
 #                pinned to the CPU build 2.13.0)
 # make test-engine  the engine adapter's tests, against an installed sglang 0.5.23 (own venv)
-# make engine-matrix the engine scenarios on sglang 0.5.20-0.5.23, each release in its own process
+# make engine-matrix the engine scenarios on sglang 0.5.20-0.5.23 and vllm 0.16.0, 0.17.0, each release
+#                in its own process
+# make test-vllm  the vLLM adapter's and connector-check's tests on each vLLM release (own venv)
 # make engine-pack   .engines/carry: releases 0.5.22 and 0.5.23 for a GPU host with no package index
 # make engine-from-pack  on that GPU host: the engine scenarios on each release of the pack, on the
 #                host's own torch (nothing installed into its interpreter)
@@ -16,6 +18,7 @@
 #                the harness checks replays against the device time of what it checks; then what
 #                harness.sanitizer costs per replay (GPU only)
 # make gpu-verdicts  on a GPU runner: the GPU's verdicts that the simulator's fidelity test compares
+# make gpu-samples   on a GPU runner: the committed samples (reports/samples/*-h200) regenerated
 
 VENV      ?= .venv
 VPY       := $(VENV)/bin/python
@@ -26,7 +29,7 @@ PYTHON    ?= python3
 HAS_TORCH := $(shell $(PYTHON) -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)' \
 	>/dev/null 2>&1 && echo yes)
 
-.PHONY: test test-engine engine-matrix engine-pack engine-from-pack run gpu-test gpu-nightly gpu-verdicts bench clean
+.PHONY: test test-engine test-vllm engine-matrix engine-pack engine-from-pack run gpu-test gpu-nightly gpu-verdicts gpu-samples bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -61,11 +64,38 @@ test-engine: $(ENGINE_VENV)/.installed
 # venv (its deps: the `.[sglang]` extra), then run in its own process; one table, one results.json.
 # On the simulator the models are shrunk and each scenario runs ENGINE_REPLAYS times.
 ENGINES_DIR     ?= .engines
+# vLLM's (below): defined before engine-matrix, whose prerequisites expand as make reads them.
+VLLM_VENV     ?= .venv-vllm
+VLPY          := $(VLLM_VENV)/bin/python
+VLLM_RELEASES ?= 0.16.0,0.17.0
 ENGINE_RELEASES ?= 0.5.20,0.5.21,0.5.22,0.5.23
 ENGINE_REPLAYS  ?= 10
-engine-matrix: $(ENGINE_VENV)/.installed
+engine-matrix: $(ENGINE_VENV)/.installed $(VLLM_VENV)/.installed
 	$(EPY) -m harness engine-matrix --releases $(ENGINE_RELEASES) --engines-dir $(ENGINES_DIR) \
 		--device auto --replays $(ENGINE_REPLAYS) --out $(REPORTS)/engine-matrix
+	$(VLPY) -m harness engine-matrix --engine vllm --releases $(VLLM_RELEASES) --engines-dir $(ENGINES_DIR) \
+		--device auto --replays $(ENGINE_REPLAYS) --out $(REPORTS)/engine-matrix
+
+# vLLM: the releases either side of vllm-project/vllm#31057 (requires_piecewise_for_cudagraph, and
+# VllmConfig's FULL-to-PIECEWISE downgrade for it, first in 0.17.0). Each installed once with
+# pip --no-deps --target $(ENGINES_DIR)/vllm-VERSION beside one venv: the CPU torch of `make test` and
+# the `.[vllm]` extra. Results: $(REPORTS)/engine-matrix/vllm-VERSION/results.json, merged in vllm/.
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	python3 -m venv $(VLLM_VENV)
+	$(VLPY) -m pip install -q --upgrade pip
+	$(VLPY) -m pip install -q torch==2.13.0
+	$(VLPY) -m pip install -q -e '.[dev,vllm]'
+	touch $@
+
+# The adapter's and connector-check's tests, once per release folder (installed as engine-matrix does).
+test-vllm: $(VLLM_VENV)/.installed
+	for v in $(subst $(comma),$(space),$(VLLM_RELEASES)); do \
+		test -f $(ENGINES_DIR)/vllm-$$v/vllm/__init__.py || \
+			$(VLPY) -m pip install -q --no-deps --target $(ENGINES_DIR)/vllm-$$v vllm==$$v || exit 2; \
+		PYTHONPATH=$(ENGINES_DIR)/vllm-$$v $(VLPY) -m pytest -q -m "not gpu" -p no:cacheprovider \
+			tests/engines/test_vllm.py tests/frontends/test_connector_check.py || exit 1; \
+	done
 
 # For a GPU host with no package index: .engines/carry holds each release's imported files, stubs
 # of its compiled-kernel packages and the wheels the GPU image lacks (see harness/frontends/engine_pack.py).
@@ -163,6 +193,19 @@ gpu-verdicts:
 	PYTHONPATH=. $(PYTHON) -m harness run $(VERDICT_FILES) --device cuda --out $(REPORTS)/verdicts
 	cp $(REPORTS)/verdicts/results.json tests/data/gpu_verdicts.json
 
+# The committed samples (reports/samples/*-h200, docs/results.md#sample-reports), regenerated on a
+# GPU runner from this checkout: each folder emptied, then written by the command it records, with
+# paths relative to the checkout (tests/report/test_samples.py checks both). Where the tree is a copy
+# without git, COMMIT (or GITHUB_SHA) names the commit the samples record.
+SAMPLES ?= reports/samples
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+gpu-samples:
+	rm -rf $(SAMPLES)/gpu-test-h200 $(SAMPLES)/default-h200 $(SAMPLES)/mutants-h200 $(SAMPLES)/bench-h200
+	GITHUB_SHA=$(COMMIT) $(MAKE) gpu-test REPORTS=$(SAMPLES)/gpu-test-h200
+	GITHUB_SHA=$(COMMIT) PYTHONPATH=. $(PYTHON) -m harness run --device cuda --out $(SAMPLES)/default-h200
+	GITHUB_SHA=$(COMMIT) PYTHONPATH=. $(PYTHON) -m harness mutants --device cuda --out $(SAMPLES)/mutants-h200
+	GITHUB_SHA=$(COMMIT) PYTHONPATH=. $(PYTHON) -m harness bench --device cuda --out $(SAMPLES)/bench-h200
+
 # What each correct fence costs (device events; the whole sweep on a GPU, the default point on the
 # simulator), and every strategy against every full-graph race scenario.
 ifeq ($(HAS_TORCH),yes)
@@ -179,4 +222,4 @@ bench: $(VENV)/.installed
 endif
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) $(ENGINES_DIR) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(ENGINE_VENV) $(VLLM_VENV) $(ENGINES_DIR) build *.egg-info .pytest_cache

@@ -64,3 +64,14 @@ def test_the_nightly_runs_what_the_gate_leaves_out():
     assert _after(mutants, "--replays") == ["1000"]
     assert {"fences", "bench", "checking"} <= {c[0] for c in harness}
     assert {"sanitizer"} <= {c[0] for c in harness}
+
+
+def test_the_samples_target_rewrites_every_committed_sample_with_relative_paths():
+    cmds = _dry_run("gpu-samples")
+    written = {a.split("=", 1)[1] if a.startswith("REPORTS=") else a
+               for c in cmds for i, a in enumerate(c) if a.startswith("REPORTS=") or (i and c[i - 1] == "--out")}
+    committed = {p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "reports" / "samples").glob("*/results.json")}
+    assert committed and committed <= written, sorted(committed - written)
+    assert all(not Path(w).is_absolute() for w in written), written
+    # The gate's own command writes its sample: the same pytest line as `make gpu-test`.
+    assert _pytest_line("gpu-samples")[:4] == _pytest_line("gpu-test")[:4]

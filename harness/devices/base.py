@@ -23,13 +23,14 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from harness.records.errors import FlagUnavailable, GateUnavailable, GraphUnavailable
 from harness.records.graph_model import GraphModel, GraphSource
 from harness.records.trace import (
+    Collective,
     HostSync,
     HostWait,
     HostWrite,
@@ -41,6 +42,9 @@ from harness.records.trace import (
     SpanKind,
     Trace,
 )
+
+if TYPE_CHECKING:
+    from harness.devices.collective import RankGroup
 
 _heap_frozen = False
 
@@ -444,6 +448,23 @@ class Device(abc.ABC):
                     fn()
                 return
         fn()
+
+    def all_reduce(self, tensor: torch.Tensor, group: RankGroup, what: str = "all-reduce") -> None:
+        """Sum `tensor` over the ranks of `group` in place, on the current stream: a collective op
+        (`Collective`) of the op list, captured into a graph like a kernel. Here NCCL's all-reduce,
+        enqueued now; the simulator swaps the data through gloo when it runs the op."""
+
+        def run() -> None:
+            group.all_reduce(tensor)
+
+        if self.recording:
+            stream = self.current_stream()
+            self._note(Collective(stream.id, what=what, fn=run))
+            if self.timing:
+                with self._timed(stream, SpanKind.KERNEL, what):
+                    run()
+                return
+        run()
 
     @contextlib.contextmanager
     def _timed(self, stream: _Stream, kind: str, name: str) -> Iterator[None]:

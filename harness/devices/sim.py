@@ -50,6 +50,7 @@ from harness.records.device_settings import SimCosts  # the cost model, torch-fr
 from harness.records.errors import CaptureInvalidated, HarnessError
 from harness.records.graph_model import GraphModel, chain_model
 from harness.records.trace import (
+    Collective,
     Copy,
     CopyToHost,
     Delay,
@@ -113,7 +114,9 @@ class _Work:
     ready: float  # the host's virtual time at enqueue: the op cannot start before it
     duration: float
     after: _Mark | _Reached | None = None  # it starts once this has happened
-    run: Callable[[float], None] | None = None  # its effect, called with its start time
+    # Its effect, called with its start time; a collective's returns when it ends (it waits for the
+    # other ranks), any other's None (it ends `duration` after its start).
+    run: Callable[[float], float | None] | None = None
     writes: tuple[tuple[_Flag, ...], int] | None = None  # a value write's flags and value
     records: _Mark | None = None  # a record's: the mark it completes
     start: float | None = None  # set once it has run
@@ -282,7 +285,7 @@ class SimDevice(Device):
     # ---- enqueue ------------------------------------------------------------------
     def _enqueue(
         self, stream: SimStream, duration: float, kind: str, name: str, *,
-        after: _Mark | _Reached | None = None, run: Callable[[float], None] | None = None, span: bool = True,
+        after: _Mark | _Reached | None = None, run: Callable[[float], float | None] | None = None, span: bool = True,
         writes: tuple[tuple[_Flag, ...], int] | None = None, records: _Mark | None = None,
     ) -> _Work | None:
         """Queue one op on `stream` at the host's time (or the replay's launch); None when captured."""
@@ -378,6 +381,17 @@ class SimDevice(Device):
     def launch(self, fn, reads=(), writes=(), what: str = "") -> None:
         self._enqueue_op(Kernel(self.current_stream().id, tuple(reads), tuple(writes), what, fn))
 
+    def all_reduce(self, tensor: torch.Tensor, group, what: str = "all-reduce") -> None:
+        """The all-reduce as one op of the stream: when the simulator starts it (at this rank's
+        arrival), it swaps data and arrival times with the other ranks through gloo, and it ends
+        once the last rank has arrived (`RankGroup.exchange`). A replay of a graph that captured it
+        exchanges again: no Python of the model runs, only the collective's own."""
+
+        def exchange(start: float) -> float:
+            return group.exchange(tensor, start)
+
+        self._enqueue_op(Collective(self.current_stream().id, what=what, fn=lambda: None, exchange=exchange))
+
     def _enqueue_op(self, op: Copy | CopyToHost | Delay | Kernel) -> None:
         """Note and queue a copy, delay or kernel on the current stream (or on a replay's)."""
         self._note(op)
@@ -397,6 +411,14 @@ class SimDevice(Device):
             self._enqueue(stream, us, kind, name, run=lands)
         elif isinstance(op, Delay):
             self._enqueue(stream, op.us, SpanKind.DELAY, f"delay {op.us:g}us")
+        elif isinstance(op, Collective) and op.exchange is not None:
+            exchange = op.exchange
+
+            def collect(t: float) -> float:
+                self._land_until(t)
+                return exchange(t)
+
+            self._enqueue(stream, 0.0, SpanKind.KERNEL, op.what or "all-reduce", run=collect)
         else:
             cost = self.costs.access_us if op.touches_pools else self.costs.kernel_us
             fn = op.fn
@@ -434,7 +456,9 @@ class SimDevice(Device):
         work.start, work.end = start, start + work.duration
         stream.free = work.end
         if work.run is not None:
-            work.run(start)
+            ended = work.run(start)
+            if ended is not None:  # a collective: it ended once the last rank had arrived
+                work.end = stream.free = max(start, ended)
         return True
 
     def _run_until(self, limit: float) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.engines import ENGINES
-from harness.frontends import engine_matrix, graph_check, sanitizer_commands, soak
+from harness.frontends import connector_check, engine_matrix, graph_check, sanitizer_commands, soak
 from harness.frontends.cli_args import (
     DEFAULT_FILES,
     device_arguments,
@@ -145,6 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     add_fence_commands(sub)
     soak.add_command(sub)
     engine_matrix.add_command(sub)
+    connector_check.add_command(sub)
     graph_check.add_command(sub)
     sanitizer_commands.add_command(sub)
     add_list_command(sub, _load)
@@ -241,7 +242,7 @@ def runnable(scenarios: list[Scenario], device: str) -> tuple[list[Scenario], li
 
 
 def _sources(scenarios: list[Scenario]) -> str:
-    return ", ".join(sorted({s.source for s in scenarios}))
+    return ", ".join(sorted({s.shown_source for s in scenarios}))
 
 
 def _run_all(scenarios: list[Scenario], dev: Device, args: argparse.Namespace,
@@ -438,7 +439,8 @@ def _print_graph_check(r) -> None:
 def _command(args: argparse.Namespace) -> int:
     """The command's handler, under the interrupt handlers; a HarnessError as one line."""
     handlers = {"run": cmd_run, "repro": cmd_repro, "mutants": cmd_mutants, "soak": soak.cmd_soak,
-                "engine-matrix": engine_matrix.cmd_engine_matrix, "graph-check": graph_check.cmd_graph_check,
+                "engine-matrix": engine_matrix.cmd_engine_matrix,
+                "connector-check": connector_check.cmd_connector_check, "graph-check": graph_check.cmd_graph_check,
                 **REPORT_HANDLERS, **MERGE_HANDLERS, **FENCE_HANDLERS, **sanitizer_commands.HANDLERS, **LIST_HANDLERS,
                 **GPU_HOST_HANDLERS}
     if getattr(args, "json", False):

@@ -83,8 +83,13 @@ def plain_line(r: ScenarioResult, status: str | None = None, width: int = NAME_W
         f"{status} {name} expected {_expected(r):12s} "
         f"observed {_observed(r):28s} stale {t.stale_replays:>5d}/{t.replays:<5d} "
         f"({t.stale_rate:6.1%}) layers {_layers(r):8s} findings {len(r.findings):3d} "
-        f"{rate(r.replays_per_s):>6s} replays/s"
+        f"{rate(r.replays_per_s):>6s} replays/s{_ranks(r)}"
     )
+
+
+def _ranks(r: ScenarioResult) -> str:
+    """A tensor-parallel scenario's cross-rank verdict, after the line ("" on one rank)."""
+    return f"  tp {r.tp.tp}: {r.tp.describe()}" if r.tp is not None else ""
 
 
 def summary_line(results: Sequence[ScenarioResult], report: object = None) -> str:
@@ -103,7 +108,7 @@ def _live_line(r: ScenarioResult, status: str | None) -> str:
     t = r.tally
     return (f"{head} observed {_observed(r)}  stale {t.stale_replays}/{t.replays} "
             f"({t.stale_rate:.1%})  layers {_layers(r)}  findings {len(r.findings)}  "
-            f"{rate(r.replays_per_s)} replays/s")
+            f"{rate(r.replays_per_s)} replays/s{escape(_ranks(r))}")
 
 
 class RunConsole:
@@ -215,7 +220,7 @@ def skip_lines(skipped: list[Scenario], device: str) -> list[str]:
     they run only on cuda (devices = ["cuda"]), not on sim"."""
     groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
     for s in skipped:
-        groups.setdefault((s.source, s.devices or ()), []).append(s.name)
+        groups.setdefault((s.shown_source, s.devices or ()), []).append(s.name)
     lines = []
     for (source, devices), names in groups.items():
         listed = ", ".join(f'"{d}"' for d in devices)

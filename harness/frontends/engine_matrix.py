@@ -1,8 +1,9 @@
-"""fence-harness engine-matrix: the engine scenarios once per SGLang release, each in its own process.
+"""fence-harness engine-matrix: the engine scenarios once per release of an engine (SGLang, or vLLM
+with `--engine vllm`), each in its own process.
 
-Each release is installed with `pip install --no-deps --target DIR/sglang-VERSION
-sglang==VERSION` beside the one environment this command runs in (its dependencies are
-that environment's: the `.[sglang]` extra), unless the folder already holds it (a GPU
+Each release is installed with `pip install --no-deps --target DIR/ENGINE-VERSION
+ENGINE==VERSION` beside the one environment this command runs in (its dependencies are
+that environment's: the `.[sglang]` or `.[vllm]` extra), unless the folder already holds it (a GPU
 host with no package index gets it carried in). Then, per release, a child process
 (`python -m harness engine-matrix --in-process`, a hidden option) with `PYTHONPATH`
 pointing at that folder runs the scenario files and writes its own results; the parent
@@ -38,19 +39,45 @@ FILES = (ROOT / "scenarios" / "engine" / "sglang.toml",)
 # The serving shapes: 8,192-token prefixes at hidden 1,024 with no injected fault. The race
 # they show comes from real copy and compute times, so they run on a GPU only.
 GPU_FILES = (ROOT / "scenarios" / "engine" / "serving.toml",)
+
+
+@dataclass(frozen=True)
+class EngineReleases:
+    """One engine's part of the matrix: its releases, scenario files, and where each release's own
+    results go under --out (`results` is the folder of the engine's merged results.json)."""
+
+    name: str
+    releases: tuple[str, ...]
+    files: tuple[Path, ...]
+    gpu_files: tuple[Path, ...]
+    out_prefix: str  # a release's folder under --out: PREFIX + VERSION
+    results: str  # the merged results.json's folder under --out ("" : --out itself)
+
+
+# vLLM: the releases on either side of vllm-project/vllm#31057 (requires_piecewise_for_cudagraph and
+# VllmConfig's downgrade of FULL to PIECEWISE for it: first in 0.17.0).
+MATRIX = {
+    "sglang": EngineReleases("sglang", RELEASES, FILES, GPU_FILES, "", ""),
+    "vllm": EngineReleases("vllm", ("0.16.0", "0.17.0"), (ROOT / "scenarios" / "engine" / "vllm.toml",), (),
+                           "vllm-", "vllm"),
+}
 # --small: the model dimensions the CPU computes in seconds (the layer pattern, batch and
 # fault are the scenario's own).
 SMALL: dict[str, Any] = {"hidden": 64, "heads": 2, "kv_heads": 1, "head_dim": 32, "state": 4}
 
 
 def add_command(subparsers) -> None:
-    p = subparsers.add_parser("engine-matrix", help="the engine scenarios on each SGLang release, one process each")
+    p = subparsers.add_parser("engine-matrix", help="the engine scenarios on each release, one process each")
     p.add_argument("files", nargs="*", type=Path,
-                   help="scenario files (default: scenarios/engine/sglang.toml; on a GPU also serving.toml)")
-    p.add_argument("--releases", default=",".join(RELEASES),
-                   help="comma-separated sglang versions (default: %(default)s)")
+                   help="scenario files (default: scenarios/engine/sglang.toml, on a GPU also serving.toml; "
+                        "with --engine vllm: scenarios/engine/vllm.toml)")
+    p.add_argument("--engine", choices=sorted(MATRIX), default="sglang",
+                   help="whose releases (default: %(default)s)")
+    p.add_argument("--releases", default=None,
+                   help="comma-separated versions (default: sglang " + ",".join(RELEASES) + "; vllm "
+                        + ",".join(MATRIX["vllm"].releases) + ")")
     p.add_argument("--engines-dir", type=Path, default=ROOT / ".engines", metavar="DIR",
-                   help="where each release is installed, as DIR/sglang-VERSION (default: .engines)")
+                   help="where each release is installed, as DIR/ENGINE-VERSION (default: .engines)")
     p.add_argument("--replays", type=positive_int, help="replays per scenario (default: each scenario's own)")
     p.add_argument("--small", action=argparse.BooleanOptionalAction, default=None,
                    help="shrink the models' dimensions so the CPU computes them (default: on the simulator)")
@@ -80,22 +107,22 @@ class Row:
                 f"stale {self.stale_replays:4d}/{self.replays:<4d} findings {self.findings:3d}{tail}")
 
 
-def release_dir(engines_dir: Path, version: str) -> Path:
-    return engines_dir / f"sglang-{version}"
+def release_dir(engines_dir: Path, version: str, engine: str = "sglang") -> Path:
+    return engines_dir / f"{engine}-{version}"
 
 
-def install(version: str, engines_dir: Path) -> Path:
+def install(version: str, engines_dir: Path, engine: str = "sglang") -> Path:
     """The release's own folder, installed with --no-deps unless it is already there."""
-    target = release_dir(engines_dir, version)
-    if (target / "sglang" / "__init__.py").is_file():
+    target = release_dir(engines_dir, version, engine)
+    if (target / engine / "__init__.py").is_file():
         return target
-    print(f"installing sglang {version} into {target}", flush=True)
+    print(f"installing {engine} {version} into {target}", flush=True)
     done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                           f"sglang=={version}"], check=False)
+                           f"{engine}=={version}"], check=False)
     if done.returncode != 0:
         from harness.records.errors import InputError
 
-        raise InputError("--releases", version, f"pip could not install sglang=={version} into {target}")
+        raise InputError("--releases", version, f"pip could not install {engine}=={version} into {target}")
     return target
 
 
@@ -113,20 +140,21 @@ def cmd_engine_matrix(args: argparse.Namespace) -> int:
     from harness.report.results import write_results
 
     kind = device_kind(args.device)
-    files = [Path(f) for f in args.files] or [*FILES, *(GPU_FILES if kind == "cuda" else ())]
+    part = MATRIX[args.engine]
+    files = [Path(f) for f in args.files] or [*part.files, *(part.gpu_files if kind == "cuda" else ())]
     small = args.small if args.small is not None else kind == "sim"
-    releases = [r.strip() for r in args.releases.split(",") if r.strip()]
+    releases = [r.strip() for r in (args.releases or ",".join(part.releases)).split(",") if r.strip()]
     started = time.time()
     docs: dict[str, dict] = {}
     codes: dict[str, int] = {}
     for version in releases:
-        target = install(version, args.engines_dir)
-        out = args.out / version
+        target = install(version, args.engines_dir, part.name)
+        out = args.out / f"{part.out_prefix}{version}"
         cmd = [sys.executable, "-m", "harness", "engine-matrix", "--in-process", "--out", str(out),
                "--device", args.device, "--timeout", str(args.timeout), *[f"--sim-cost={c}" for c in args.sim_costs],
                *(["--replays", str(args.replays)] if args.replays else []), *(["--small"] if small else []),
                *map(str, files)]
-        print(f"== sglang {version} ({target})", flush=True)
+        print(f"== {part.name} {version} ({target})", flush=True)
         codes[version] = subprocess.run(cmd, env=_child_env(target), check=False).returncode
         path = out / "results.json"
         if codes[version] in (0, 1) and path.is_file():
@@ -135,10 +163,10 @@ def cmd_engine_matrix(args: argparse.Namespace) -> int:
     print(table(rows))
     missing = [v for v in releases if v not in docs]
     doc = merged(docs, rows, codes, started)
-    path = write_results(args.out, doc)
-    print(f"results: {path}")
+    path = write_results(args.out / part.results if part.results else args.out, doc)
+    print(f"results: {path} ({time.time() - started:.0f} s)")
     if missing:
-        print(f"fence-harness: engine-matrix: no results from sglang {', '.join(missing)} "
+        print(f"fence-harness: engine-matrix: no results from {part.name} {', '.join(missing)} "
               f"(exit {', '.join(str(codes[v]) for v in missing)})", file=sys.stderr)
         return 2
     return 0 if all(r.met for r in rows) else 1

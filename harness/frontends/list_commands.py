@@ -94,7 +94,7 @@ def _engines(args: argparse.Namespace) -> list[Entry]:
 
 
 def _scenarios(args: argparse.Namespace) -> list[Entry]:
-    return [Entry(s.name, scenario_line(s), s.source) for s in args.load_scenarios(args.files, args)]
+    return [Entry(s.name, scenario_line(s), s.shown_source) for s in args.load_scenarios(args.files, args)]
 
 
 def scenario_line(s: Scenario) -> str:

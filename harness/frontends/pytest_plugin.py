@@ -21,7 +21,9 @@ when pytest loads it as a plugin.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -397,7 +399,9 @@ class ScenarioItem(pytest.Item):
         reason = self.scenario.skip_reason("cuda" if state.marker() == "gpu" else "sim")
         if reason:  # serving shapes on the simulator, say: skipped with the reason, never run
             state.skipped[self.scenario.name] = reason
-            pytest.skip(reason)
+            # At the item's own place (its file and line), as a skip mark's is, not this module's:
+            # from a wheel, this module's path would name the installing machine's folders.
+            raise pytest.skip.Exception(reason, _use_item_location=True)
         try:
             dev = state.device()
         except HarnessError as e:  # e.g. --harness-device cuda without CUDA: one line, no traceback
@@ -423,7 +427,23 @@ class ScenarioItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
-        return self.path, None, f"scenario {self.name}: {self.scenario.describe()}"
+        return self.path, _name_line(self.path, self.name), f"scenario {self.name}: {self.scenario.describe()}"
+
+
+@functools.cache
+def _file_lines(path: Path) -> tuple[str, ...]:
+    return tuple(path.read_text(encoding="utf-8").splitlines())
+
+
+def _name_line(path: Path, name: str) -> int:
+    """The 0-based line of `name = "NAME"` in a scenario file (0 when not found: a name built
+    from a template, say), where pytest reports the item."""
+    pattern = re.compile(rf"""^\s*name\s*=\s*["']{re.escape(name)}["']""")
+    try:
+        lines = _file_lines(path)
+    except OSError:
+        return 0
+    return next((i for i, line in enumerate(lines) if pattern.match(line)), 0)
 
 
 def _layers(result) -> str:
@@ -448,7 +468,7 @@ def verdict(result) -> str:
         lines += _shown(result.graph.findings)
     if result.error:
         lines.append(f"  error: {result.error}")
-    lines.append(f"  scenario: {s.describe()} ({s.source})")
+    lines.append(f"  scenario: {s.describe()} ({s.shown_source})")
     return "\n".join(lines)
 
 

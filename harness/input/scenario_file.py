@@ -35,6 +35,7 @@ else:  # Python 3.10
 
 from harness.faults.registry import FAULTS, fault_keys, fault_strategy
 from harness.faults.strategy import FaultStrategy
+from harness.input import tp_keys
 from harness.input.plugins import Kind, resolve
 from harness.records.errors import InputError
 from harness.records.releases import ReleaseExpectations
@@ -150,7 +151,7 @@ def parse_text(text: str, source: str) -> list[Scenario]:
         raise InputError(source, "", f"TOML syntax error: {detail}") from None
     try:
         return _parse_document(document, source)
-    except _Invalid as e:
+    except (_Invalid, tp_keys.KeyProblem) as e:
         raise InputError(source, e.key, e.message) from None
 
 
@@ -430,6 +431,8 @@ _SCENARIO_FIELDS: dict[str, Callable[..., Any]] = {
     "poison": _poison,
     "tolerance": _tolerance,
     "devices": _devices,
+    "tp": tp_keys.parse_tp,
+    "fence_ranks": tp_keys.parse_ranks,
 }
 
 _REQUIRED_HINTS = {
@@ -475,8 +478,12 @@ def _defaults(table: dict[str, Any], fields: dict[str, Parser]) -> dict[str, Any
         raise _Invalid(
             "defaults.name", "name cannot have a default; each [[scenario]] names itself"
         )
+    table, fault_ranks = tp_keys.split_fault_ranks(table, "defaults")
     _check_keys(table, (k for k in fields if k != "name"), "defaults")
-    return {k: fields[k](v, f"defaults.{k}") for k, v in table.items()}
+    parsed = {k: fields[k](v, f"defaults.{k}") for k, v in table.items()}
+    if fault_ranks is not tp_keys.NOT_GIVEN:
+        parsed["fault_ranks"] = fault_ranks
+    return parsed
 
 
 def _scenario(
@@ -486,12 +493,14 @@ def _scenario(
     fields: dict[str, Parser],
     source: str,
 ) -> Scenario:
-    table = _table(value, prefix)
+    table, fault_ranks = tp_keys.split_fault_ranks(_table(value, prefix), prefix)
     _check_keys(table, fields, prefix)
     values = {
         **defaults,
         **{k: fields[k](v, f"{prefix}.{k}") for k, v in table.items()},
     }
+    if fault_ranks is not tp_keys.NOT_GIVEN:  # a scenario's own fault brings its own ranks
+        values["fault_ranks"] = fault_ranks
     by_release = values.get("expect_by_release")
     if by_release is not None:
         values["expect"] = _expect_on_release(by_release, values.get("engine"), prefix)
@@ -515,6 +524,9 @@ def _scenario(
             "hazard 'waw' needs Mamba layers (an M in model.layers): only Mamba state "
             "is written in place by prefill",
         )
+    if values.get("hazard") is Hazard.COW and not values["model"].mamba_layers:
+        raise _Invalid(f"{prefix}.hazard", "hazard 'mamba_cow' needs Mamba layers (an M in model.layers): "
+                       "it copies a Mamba slot")
     if values.get("transfer") is not None:
         from harness.protocol.hazards import HAZARDS
 
@@ -524,6 +536,7 @@ def _scenario(
             raise _Invalid(f"{prefix}.transfer",
                            f"transfer names the write-back / staging path, which hazard {hazard.value!r} does "
                            f"not run; it needs hazard = one of: {users}")
+    tp_keys.check_tp(values, prefix)
     return Scenario(**values, source=source)
 
 

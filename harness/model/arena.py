@@ -11,6 +11,10 @@ A scenario with a write-back adds its host copy: one unit per slot it backs up (
 new tokens' KV per attention layer, each request's Mamba state per Mamba layer), in
 the layout of `harness.protocol.writeback.HostBackup`, which the harness copies in
 when it observes a replay.
+
+A scenario with a deferred Mamba copy-on-write (`harness.protocol.hazards.MambaCopyOnWrite`) adds the
+request-owned slots it copies into: one read unit per Mamba layer and request (`cow_conv`,
+`cow_ssm`), compared bit-exact with ground truth as the forward's own reads are.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ BACKUP = "backup"  # a backed-up slot's host copy (the write-back's)
 
 @dataclass(frozen=True)
 class Unit:
-    segment: str  # arena segment name (k, v, conv, ssm, final_conv, final_ssm, out, backup_*)
+    segment: str  # arena segment name (k, v, conv, ssm, final_conv, final_ssm, out, backup_*, cow_*)
     kind: str  # read | final | output | backup
     layer: int  # global layer id; -1 for output
     pool: str  # k | v | conv | ssm | out
@@ -80,8 +84,9 @@ class ArenaLayout:
         return out
 
 
-def arena_layout(layout: Layout, backup: bool = False) -> ArenaLayout:
-    """The arena of a batch; with `backup`, the write-back's host copy too."""
+def arena_layout(layout: Layout, backup: bool = False, cow: bool = False) -> ArenaLayout:
+    """The arena of a batch; with `backup`, the write-back's host copy too; with `cow`, the slots a
+    deferred Mamba copy-on-write copies the loaded state into."""
     s = layout.shape
     reqs = layout.requests
     n_m, b = len(s.mamba_layers), len(reqs)
@@ -118,7 +123,17 @@ def arena_layout(layout: Layout, backup: bool = False) -> ArenaLayout:
             state(backup_segment(Pool.CONV), Pool.CONV, BACKUP, s.conv - 1),
             state(backup_segment(Pool.SSM), Pool.SSM, BACKUP, s.state),
         )
+    if cow:
+        segments += (
+            state(cow_segment(Pool.CONV), Pool.CONV, READ, s.conv - 1),
+            state(cow_segment(Pool.SSM), Pool.SSM, READ, s.state),
+        )
     return ArenaLayout(segments)
+
+
+def cow_segment(pool: str) -> str:
+    """The arena segment of a deferred copy-on-write's copy of `pool`."""
+    return f"cow_{pool}"
 
 
 def backup_segment(pool: str) -> str:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own idiom
 
 from harness.devices.base import Device, dtype_of
-from harness.model.arena import arena_layout, backup_segment
+from harness.model.arena import arena_layout, backup_segment, cow_segment
 from harness.protocol.layout import Layout, prefix_regions
 from harness.protocol.pools import HybridPool
 from harness.protocol.writeback import HostBackup
@@ -179,10 +179,11 @@ def init_weights(layout: Layout, seed: int, device: torch.device):
 
 class ProbeSet:
     """Static buffers the forward writes what it read into (and its output): views of one arena;
-    with a write-back, `backup` holds the views its host copy is copied into, by pool."""
+    with a write-back, `backup` holds the views its host copy is copied into, by pool; with a deferred
+    copy-on-write, `cow` the views it copies the loaded Mamba state into."""
 
-    def __init__(self, layout: Layout, device: torch.device, backup: bool = False):
-        self.layout = arena_layout(layout, backup)
+    def __init__(self, layout: Layout, device: torch.device, backup: bool = False, cow: bool = False):
+        self.layout = arena_layout(layout, backup, cow)
         self.arena = torch.empty(self.layout.size, dtype=dtype_of(layout.shape.dtype), device=device)
         spans = self.layout.spans()
         views = {s.name: self.arena[slice(*spans[s.name])].view(s.shape) for s in self.layout.segments}
@@ -191,13 +192,15 @@ class ProbeSet:
         self.final_conv, self.final_ssm = views["final_conv"], views["final_ssm"]
         self.out = views["out"]
         self.backup = {p: views[backup_segment(p)] for p in (Pool.K, Pool.V, Pool.CONV, Pool.SSM)} if backup else {}
+        self.cow = {p: views[cow_segment(p)] for p in (Pool.CONV, Pool.SSM)} if cow else {}
 
 
 class HybridModel:
     """`backup`: the write-back's host copy, which the harness's look at a replay copies into the
     probe arena with the post-prefill state (None: no write-back)."""
 
-    def __init__(self, dev: Device, layout: Layout, pool: HybridPool, seed: int, backup: HostBackup | None = None):
+    def __init__(self, dev: Device, layout: Layout, pool: HybridPool, seed: int, backup: HostBackup | None = None,
+                 cow: bool = False):
         self.dev = dev
         self.backup = backup
         self.layout = layout
@@ -205,7 +208,7 @@ class HybridModel:
         s = layout.shape
         device = dev.torch_device
         dt = dtype_of(s.dtype)
-        self.layers, self.final_norm, self.x = init_weights(layout, seed, device)
+        self.layers, self.final_norm, self.x = self._weights(layout, seed, device)
         self.mix_weights = {
             lid: MambaMixWeights(w) for lid, w in enumerate(self.layers) if isinstance(w, MambaWeights)
         }
@@ -218,7 +221,7 @@ class HybridModel:
         self.mix = torch.empty(t, max(s.heads * s.head_dim, s.d_inner), dtype=dt, device=device)
         self.u = torch.empty(t, s.d_inner, dtype=dt, device=device)
         self.z = torch.empty(t, s.d_inner, dtype=dt, device=device)
-        self.probes = ProbeSet(layout, device, backup is not None)
+        self.probes = ProbeSet(layout, device, backup is not None, cow)
         self.new_slots = torch.tensor(
             [slot for r in layout.requests for slot in r.new], dtype=torch.long, device=device
         )
@@ -233,6 +236,10 @@ class HybridModel:
             for lid in s.attention_layers
         }
         self.steps = self._build_steps()
+
+    def _weights(self, layout: Layout, seed: int, device: torch.device):
+        """The layers' weights, the final norm and the input (a rank's share: `tensor_parallel`)."""
+        return init_weights(layout, seed, device)
 
     # ---- steps ----------------------------------------------------------------
     def _build_steps(self) -> list[Step]:
@@ -264,6 +271,11 @@ class HybridModel:
         self.v_new.copy_(qkv[:, s.heads + s.kv_heads :])
 
     def _attention_step(self, lid: int) -> None:
+        # The pools run it: the harness's own call it, an engine's run it inside the engine's own
+        # attention entry point (vLLM's, with its connector hooks around the kernel).
+        self.pool.attention(lid, partial(self._attend, lid))
+
+    def _attend(self, lid: int) -> None:
         kv = self.pool.kv
         k_buf = kv.get_key_buffer(lid)  # the engine's waiting accessors
         v_buf = kv.get_value_buffer(lid)

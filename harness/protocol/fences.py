@@ -120,6 +120,18 @@ def final_event_fence(ctx: FenceContext) -> None:
         ctx.counter.wait_until(ctx.counter.num_layers - 1)
 
 
+def recorded_final_event_fence(ctx: FenceContext) -> None:
+    """`final_event` with the recorded flag of sgl-project/sglang#38472: where a loader thread
+    enqueues the load op (schedule `async_enqueue`), the host first blocks until the op's events
+    are recorded (`LoadOp.wait_recorded`), then enqueues the wait on its final event. The plain
+    `final_event` may wait before the record is enqueued, which orders nothing. With any other
+    schedule it is `final_event`."""
+    if ctx.counter.consumer_index >= 0:
+        if ctx.op is not None:
+            ctx.op.wait_recorded()
+        ctx.counter.wait_until(ctx.counter.num_layers - 1)
+
+
 class LayerwiseGraphFence:
     """Per-layer external events waited on inside the captured graph.
 
@@ -273,6 +285,7 @@ STRATEGIES = ("final_event", "layerwise_graph", "layerwise_value", "host_sync", 
 FENCES: dict[str, FenceFn | type] = {
     "none": no_fence,
     "final_event": final_event_fence,
+    "recorded_final_event": recorded_final_event_fence,
     "layerwise_graph": LayerwiseGraphFence,
     "layerwise_value": LayerwiseValueFence,
     "host_sync": host_sync_fence,

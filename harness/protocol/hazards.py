@@ -34,15 +34,29 @@ path the scenario names (`transfer`: the engine's, or a variant with one defect)
   receives the next batch's bytes and the forward reads them. The gate (and a
   delay) holds the load stream, so this batch's copies are still pending.
 
+SGLang HiCache classes since 0.5.23 (each also names a transfer path):
+
+- forward over backup (sgl-project/sglang#38300): after the write-back, the next
+  forward overwrites the backed-up slots in place; the join is reuse-before-backup's
+  wait on the write's finish event. The gate holds the write-back stream.
+- reload before write (#36738): the next batch's load, started on a scheduling stream
+  of its own, restores into the pages the forward writes; without the load fence the
+  forward's writes land after it. The gate holds the forward.
+- Mamba copy-on-write (#36743): before the fence, a deferred copy reads every Mamba
+  layer's loaded slot at once (`before_forward`); ordered by one layer's event, it
+  reads the later layers half loaded.
+
 A hazard's ground truth runs the engine's transfer path (`truth`): the truth must
 not depend on the variant under test.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
+
+import torch
 
 from harness.devices.base import Device, Event, Gate, Stream
 from harness.faults.plan import FaultPlan
@@ -57,10 +71,11 @@ from harness.protocol.writeback import (
     TransferPolicy,
     WriteBack,
     backup_regions,
+    plan_backup,
     plan_refill,
 )
 from harness.records.scenario import Fault, Hazard
-from harness.records.trace import Region
+from harness.records.trace import Pool, Region
 
 
 @dataclass(frozen=True)
@@ -85,6 +100,8 @@ class HazardBed:
     transfer: TransferPolicy = ENGINE
     writeback: WriteBack | None = None
     timeout_s: float = 30.0
+    # The probe arena's views a deferred copy-on-write writes into, by pool (`HazardStrategy.copies_slots`)
+    cow: Mapping[str, torch.Tensor] | None = None
 
 
 # load(copies, plan): start another batch's load op of `copies`, leaving this batch's
@@ -110,6 +127,7 @@ class HazardStrategy:
     # `prepare` is device work alone (no host writes, no host waits): it may be captured once and
     # replayed as a graph (the replay loop's poisoning is).
     prepares_on_device = True
+    copies_slots = False  # it copies whole Mamba slots into the probe arena (`HazardBed.cow`)
 
     def setup(self, bed: HazardBed) -> None:
         """Once per scenario, before anything runs."""
@@ -117,6 +135,10 @@ class HazardStrategy:
     def prepare(self, bed: HazardBed) -> None:
         """Before the load op, on the forward stream: the slots the load op will write."""
         poison(bed)
+
+    def before_forward(self, bed: HazardBed, op: LoadOp | None, truth: bool = False) -> None:
+        """Right after the batch's load op is enqueued (`op`; None: no load), before the fence, on
+        the forward stream: what the scheduler does to the batch while its load lands."""
 
     def after_forward(self, bed: HazardBed, plan: FaultPlan, load: OtherLoad, gate: Gate | None = None,
                       truth: bool = False) -> Racing | None:
@@ -219,6 +241,122 @@ class ReuseBeforeBackup(_WriteBackHazard):
         return load(self.refill, FaultPlan(Fault(), plan.replay))
 
 
+@dataclass(frozen=True)
+class _Done:
+    """Work a hazard enqueued on the forward stream, done once `finish_event` completes."""
+
+    finish_event: Event
+
+
+class ForwardOverBackup(_WriteBackHazard):
+    """Reuse-before-backup by the next forward (sgl-project/sglang#38300): the write-back's
+    device-to-host stream forks from the scheduling stream, and the next forward overwrites the
+    backed-up slots in place (the new tokens' KV pages, the Mamba state) without joining the
+    write's finish event.
+
+    The join is `WriteOp.release` on the forward stream, the path `engine` (the fix proposed in
+    #38463 rejoins the write onto the caller's current stream through its finish event, as the
+    allocator's `_wait_hicache_transfers` does before a reuse); `no_ack_wait` leaves the fork
+    open. The next forward's writes stand as one kernel on the forward stream that writes other
+    data (kept on the device) into every backed-up slot."""
+
+    holds_own = True  # the write-back stream: the next forward's writes must land first to show
+
+    def setup(self, bed: HazardBed) -> None:
+        super().setup(bed)
+        nxt = HostBackup(bed.dev, bed.layout, "host_next", bed.seed + 1)
+        device = bed.dev.torch_device
+        self.writes = [(c.src, c.dst.to(device)) for layer in plan_backup(bed.layout, bed.pool, nxt) for c in layer]
+        self.regions = tuple(c.region for layer in self.writeback.plan for c in layer)
+
+    def after_forward(self, bed: HazardBed, plan: FaultPlan, load: OtherLoad, gate: Gate | None = None,
+                      truth: bool = False) -> Racing | None:
+        op = self.writeback.write(plan, self.policy(bed, truth), gate)
+        op.release()  # the forward stream joins the write's finish (not in `no_ack_wait`)
+        writes = self.writes
+
+        def next_forward() -> None:
+            for slots, value in writes:
+                slots.copy_(value)
+
+        bed.dev.launch(next_forward, writes=self.regions, what="next forward's writes")
+        done = bed.dev.Event()
+        done.record()
+        return _Done(done)
+
+
+class ReloadBeforeWrite(HazardStrategy):
+    """Write-after-write on reallocated pages (sgl-project/sglang#36738): under overlap scheduling
+    the scheduler frees the pages a batch's forward writes (its new tokens' KV, its Mamba state)
+    while that forward is still in flight, allocates them to the next batch, and the next batch's
+    load-back restores its prefix into them.
+
+    The load op starts on the scheduling stream (its own here, which nothing orders after the
+    forward): its start event orders nothing after the forward. With the load fence (transfer
+    `engine`) the load stream first waits on the forward stream (`load_fence_stream`); without it
+    (`no_load_fence`) the restore can land before the forward's writes, which then clobber it (and
+    the forward reads the next batch's data). The gate holds the forward until the restore has
+    landed. The post-prefill state is observed after the restore, so its truth is the next
+    batch's data."""
+
+    holds_forward = True
+    uses_transfer = True
+
+    def setup(self, bed: HazardBed) -> None:
+        self.schedule = bed.dev.Stream("schedule")  # the overlap scheduler's stream, not the forward's
+        self.fenced = bed.dev.Event()
+        # The next batch's prefix, restored into the very pages this batch's forward writes.
+        self.restore = plan_refill(bed.layout, bed.pool, HostBackup(bed.dev, bed.layout, "host_next", bed.seed + 1))
+
+    def after_forward(self, bed: HazardBed, plan: FaultPlan, load: OtherLoad, gate: Gate | None = None,
+                      truth: bool = False) -> Racing | None:
+        policy = ENGINE if truth else bed.transfer
+        if policy.load_fence:  # host_to_device_stream.wait_stream(load_fence_stream)
+            self.fenced.record()  # on the forward stream, current here
+            bed.load.wait_event(self.fenced)
+        with bed.dev.stream(self.schedule):  # start_loading on the scheduler's current stream
+            return load(self.restore, FaultPlan(Fault(), plan.replay))
+
+
+class MambaCopyOnWrite(HazardStrategy):
+    """A deferred Mamba copy-on-write (sgl-project/sglang#36743): the scheduler copies a restored
+    radix slot into the request's own slot, every Mamba layer's state at once, while the load-back
+    restores it layer by layer.
+
+    The copy reads the whole slot before the forward's per-layer waits could order it: with the
+    fix (transfer `engine`) it first waits on the load op's final event
+    (`wait_for_hicache_load_complete`); without it (`cow_layer_wait`) it is ordered only by the
+    first Mamba layer's event (the per-layer wait of the layer it reads first), so the later
+    layers are copied half loaded. The request's slot is the probe arena's copy-on-write segment;
+    the forward itself is the scenario's (its fence orders it)."""
+
+    copies_slots = True
+    uses_transfer = True
+
+    def setup(self, bed: HazardBed) -> None:
+        assert bed.cow is not None, "a copy-on-write hazard needs the probe arena's copy-on-write views"
+        layout, pool, dest = bed.layout, bed.pool, bed.cow
+        rows = layout.mamba_rows
+        self.reads = tuple(Region(p, lid, rows.start, rows.stop)
+                           for lid in layout.shape.mamba_layers for p in (Pool.CONV, Pool.SSM))
+
+        def copy() -> None:
+            dest[Pool.CONV].copy_(pool.mamba.conv[:, rows])
+            dest[Pool.SSM].copy_(pool.mamba.ssm[:, rows])
+
+        self.copy = copy
+
+    def before_forward(self, bed: HazardBed, op: LoadOp | None, truth: bool = False) -> None:
+        if op is None:
+            return  # no load pending: no restored slot to copy
+        first = bed.layout.shape.mamba_layers[0]
+        if (ENGINE if truth else bed.transfer).cow_waits_load:
+            op.finish_event.wait(bed.dev.current_stream())
+        else:
+            op.load_events[first].wait(bed.dev.current_stream())
+        bed.dev.launch(self.copy, reads=self.reads, what="deferred Mamba copy-on-write")
+
+
 class StagingOverwrite(HazardStrategy):
     """Staging overwrite: a pinned staging buffer is refilled while its host-to-device copy is still
     pending.
@@ -257,6 +395,9 @@ HAZARDS: dict[Hazard, type[HazardStrategy]] = {
     Hazard.STORE: StoreBeforeCompute,
     Hazard.REUSE: ReuseBeforeBackup,
     Hazard.STAGING: StagingOverwrite,
+    Hazard.FORWARD_OVER_BACKUP: ForwardOverBackup,
+    Hazard.RELOAD: ReloadBeforeWrite,
+    Hazard.COW: MambaCopyOnWrite,
 }
 
 

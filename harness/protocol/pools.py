@@ -9,7 +9,7 @@ policies (the engine's: `LayerDoneCounter.wait_until(layer_id)`, see
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -127,6 +127,12 @@ class HybridPool:
     def mamba_layer_cache(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         self._waits(layer_id, "mamba")
         return self.mamba.layer_cache(layer_id)
+
+    def attention(self, layer_id: int, body: Callable[[], None]) -> None:
+        """One attention layer's pool reads and kernel (`body`, on the host: its accessors, then its
+        launch). The harness's pools call it; an engine's may run it inside the engine's own
+        attention entry point (`harness.engines.vllm_pools`: vLLM's, its connector hooks around it)."""
+        body()
 
 
 class HostPool:

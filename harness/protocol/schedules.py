@@ -14,6 +14,7 @@ harness catches them. A user's own schedule is named in a scenario file as
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,8 @@ class LoadOp:
     gate: Gate | None = None
     listeners: Sequence[LayerListener] = ()
     held: bool = field(default=False, init=False)
+    # The loader thread that enqueues this op's work, while it has not yet (`AsyncEnqueue`); None: done.
+    thread: Callable[[], None] | None = field(default=None, init=False)
 
     def __getattr__(self, name: str) -> Any:
         # Only for names the class lacks: a name a plugin written for an older plugin API used.
@@ -107,6 +110,16 @@ class LoadOp:
     def finish_event(self) -> Event:
         """The op's final event, `load_events[-1]`: what the engine's fence waits on."""
         return self.event_set.finish_event
+
+    def wait_recorded(self) -> None:
+        """Block the host until this op's events are recorded (enqueued on the load stream).
+
+        Only an op a loader thread enqueues (`AsyncEnqueue`) can have events not recorded yet: this
+        is its recorded flag (the sgl-project/sglang#38472 fix), which blocks the host until the
+        thread has enqueued the records. A wait enqueued before them binds to no record, or to the
+        ring slot's previous one: a no-op. For any other op it returns at once."""
+        if self.thread is not None:
+            self.thread()
 
     # ---- what a schedule does (each on the current stream, the load stream) ----------
     def wait_start(self) -> None:
@@ -242,6 +255,36 @@ class CapturedLoad:
         entry[2].replay()
 
 
+class AsyncEnqueue:
+    """The load op enqueued by a loader thread of its own (sgl-project/sglang#38472,
+    `SGLANG_HICACHE_ASYNC_LOAD_ENQUEUE`): the scheduler thread only takes the ring slot and records
+    the start event (`start_loading`); the op's start wait, gate, copies and per-layer events
+    (`layerwise`) are the thread's, enqueued later.
+
+    The thread runs in enqueue order, so deterministically: its work is enqueued when the host
+    drains it (`drain`). The replay loop drains it once the fence has run and before the forward
+    is launched (the interleaving where a fence's wait comes before the records, and the graph
+    launch after the copies), and again after the hazard's work; a consumer drains it first when it
+    checks the op's recorded flag (`LoadOp.wait_recorded`, the fix). A wait enqueued before the
+    records is a no-op (CUDA binds a wait to the event's record at the time of the wait): the
+    engine's own fence, `final_event`, then orders nothing."""
+
+    def __init__(self) -> None:
+        self.queue: deque[LoadOp] = deque()  # ops whose work the thread has not enqueued yet, in order
+
+    def __call__(self, op: LoadOp) -> None:
+        op.thread = self.drain
+        self.queue.append(op)
+
+    def drain(self) -> None:
+        """The thread runs: every op handed to it is enqueued now, in order, on its load stream."""
+        while self.queue:
+            op = self.queue.popleft()
+            op.thread = None
+            with op.dev.stream(op.stream):
+                layerwise(op)
+
+
 def _copy_and_complete(op: LoadOp) -> None:
     for layer in range(op.num_layers):
         for copies in op.plan[layer]:
@@ -256,6 +299,7 @@ SCHEDULES: dict[str, Schedule | type] = {
     "final_event_early": final_event_early,
     "no_start_wait": no_start_wait,
     "signal_before_copy": signal_before_copy,
+    "async_enqueue": AsyncEnqueue,
 }
 
 

@@ -54,6 +54,13 @@ class TransferPolicy:
     write_fence: bool = True  # the D2H stream waits on the forward stream before its copies
     ack_wait: bool = True  # backed-up slots are reused only after the write's ack finish event
     staging_buffers: int = 2  # a ring of pinned staging buffers for loads (1: refilled in place)
+    # The load stream waits on the forward stream before a load's copies (`load_fence_stream`,
+    # sgl-project/sglang#36738): pages freed and reallocated under overlap scheduling are restored
+    # only after the forward still writing them has.
+    load_fence: bool = True
+    # A deferred Mamba copy-on-write, which reads a whole slot (every layer's state), waits on the
+    # load op's final event first (`wait_for_hicache_load_complete`, sgl-project/sglang#36743).
+    cow_waits_load: bool = True
 
     @property
     def waits_for_staging(self) -> bool:
@@ -67,7 +74,9 @@ class TransferPolicy:
 
 ENGINE = TransferPolicy(
     "engine",
-    "sglang 0.5.23: D2H after the forward (write fence), slots reused after the ack, staging double-buffered",
+    "sglang 0.5.23: D2H after the forward (write fence), slots reused after the ack, staging double-buffered; "
+    "with the later fixes: loads after the forward (load fence, #36738), a deferred Mamba COW after the "
+    "whole load (#36743)",
 )
 TRANSFERS: dict[str, TransferPolicy] = {
     p.name: p
@@ -79,6 +88,11 @@ TRANSFERS: dict[str, TransferPolicy] = {
                        ack_wait=False),
         TransferPolicy("single_staging", "one pinned staging buffer, refilled in place while its copy is "
                        "pending", staging_buffers=1),
+        TransferPolicy("no_load_fence", "no load fence: a load into reallocated pages is ordered only after the "
+                       "scheduling stream, not after the forward still writing them (before sgl-project/sglang"
+                       "#36738)", load_fence=False),
+        TransferPolicy("cow_layer_wait", "a deferred Mamba copy-on-write ordered only by its first layer's event, "
+                       "not by the load op's final one (before sgl-project/sglang#36743)", cow_waits_load=False),
     )
 }
 

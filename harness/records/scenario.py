@@ -11,6 +11,7 @@ import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 
 class NamedEnum(str, enum.Enum):
@@ -52,6 +53,12 @@ class Hazard(NamedEnum):
     STORE = "store_before_compute"  # a D2H backup copy reads slots before the forward wrote them
     REUSE = "reuse_before_backup"  # the next batch writes slots whose D2H backup has not finished
     STAGING = "staging_overwrite"  # a pinned staging buffer refilled while its H2D copy is pending
+    # The next forward overwrites slots whose D2H backup has not finished (sgl-project/sglang#38300)
+    FORWARD_OVER_BACKUP = "forward_over_backup"
+    # The next batch's load-back into pages the forward still writes (sgl-project/sglang#36738)
+    RELOAD = "reload_before_write"
+    # A deferred Mamba copy-on-write reads a whole slot while it is loaded layer by layer (#36743)
+    COW = "mamba_cow"
 
 
 class Pace(NamedEnum):
@@ -261,6 +268,13 @@ class Scenario:
     # The device kinds it runs on ("cuda", "sim"); None: every one. Serving shapes are for GPUs:
     # on another device the scenario is skipped, and the run says so.
     devices: tuple[str, ...] | None = None
+    # Tensor parallelism (`harness.run.tp`): ranks, one process each, the model's heads and MLP columns
+    # split across them and an all-reduce after each block. `fault_ranks`: the ranks the fault runs on
+    # (None: every rank); `fence_ranks`: the ranks that run the fence (None: every rank; the others
+    # run none).
+    tp: int = 1
+    fault_ranks: tuple[int, ...] | None = None
+    fence_ranks: tuple[int, ...] | None = None
     source: str = "<inline>"  # the file it came from, for messages
 
     def runs_on(self, device: str) -> bool:
@@ -271,7 +285,12 @@ class Scenario:
         """Why it does not run on `device`, or None when it does."""
         if self.runs_on(device):
             return None
-        return f"runs only on {' / '.join(self.devices or ())} (devices in {self.source}), not on {device}"
+        return f"runs only on {' / '.join(self.devices or ())} (devices in {self.shown_source}), not on {device}"
+
+    @property
+    def shown_source(self) -> str:
+        """`source` as a message shows it (`shown_path`)."""
+        return shown_path(self.source)
 
     def describe(self) -> str:
         extra = "".join(
@@ -282,6 +301,9 @@ class Scenario:
                 ("hazard", self.hazard.value, "raw"),
                 ("engine", self.engine, None),
                 ("transfer", self.transfer, None),
+                ("tp", self.tp, 1),
+                ("fault_ranks", _ranks_text(self.fault_ranks), None),
+                ("fence_ranks", _ranks_text(self.fence_ranks), None),
             )
             if value != default
         )
@@ -294,7 +316,31 @@ class Scenario:
         return replace(self, **changes)
 
 
+def _ranks_text(ranks: tuple[int, ...] | None) -> str | None:
+    return None if ranks is None else ",".join(map(str, ranks))
+
+
 def kv_slots_needed(shape: ModelShape, batch: tuple[Request, ...]) -> int:
     """KV slots a batch needs: whole pages per request, plus page 0 (padding, never used)."""
     page = shape.page_size
     return page + sum(math.ceil((r.prefix + r.new) / page) * page for r in batch)
+
+
+_INSTALL_DIRS = ("site-packages", "dist-packages")
+
+
+def shown_path(source: str, cwd: Path | None = None) -> str:
+    """A scenario file's path as a message or a committed report shows it: relative to the working
+    directory when it lies under it; a file of an installed package (the bundled sets of a wheel)
+    from the package's name on (`harness/scenarios/natural.toml`); any other path as given. A skip
+    reason or a report then names no folder of the machine that made it."""
+    path = Path(source)
+    if not path.is_absolute():
+        return source
+    try:
+        return path.resolve().relative_to(Path(cwd or Path.cwd()).resolve()).as_posix()
+    except ValueError:
+        pass
+    parts = path.parts
+    installed = [i for i, part in enumerate(parts) if part in _INSTALL_DIRS]
+    return "/".join(parts[installed[-1] + 1:]) if installed else source

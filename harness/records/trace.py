@@ -167,6 +167,16 @@ class Kernel:
 
 
 @dataclass(frozen=True)
+class Collective(Kernel):
+    """A collective across the ranks of a tensor-parallel group (an all-reduce), as a kernel of its
+    stream: NCCL's is one kernel node of a captured graph, and the analyser sees a kernel that touches
+    no pool. `exchange(start_us) -> end_us` is the simulator's: it swaps the data and the ranks'
+    arrival times, and the collective ends on every rank after the last rank has arrived."""
+
+    exchange: Callable[[float], float] | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
 class Delay:
     stream: StreamId
     us: float
@@ -201,8 +211,8 @@ class Replay:
     body: tuple[Op, ...] = field(default=())
 
 
-Op = (Copy | CopyToHost | HostWrite | Record | Wait | FlagWrite | FlagWait | Kernel | Delay | Hold | HostSync
-      | HostWait | Replay)
+Op = (Copy | CopyToHost | HostWrite | Record | Wait | FlagWrite | FlagWait | Kernel | Collective | Delay | Hold
+      | HostSync | HostWait | Replay)
 
 
 def describe(op: Op, names: dict[StreamId, str], indent: str = "") -> str:

@@ -67,6 +67,7 @@ def scenario_entry(r: ScenarioResult) -> dict:
         "fault_text": r.scenario.fault.describe(),
         "pressure": r.pressure,
         "confidence": _confidence(r),
+        "tp": _tp(r),
         "sweep": [
             {"us": p.us, "replays": p.tally.replays, "stale_replays": p.tally.stale_replays,
              "stale_rate": p.tally.stale_rate,
@@ -86,6 +87,14 @@ def scenario_entry(r: ScenarioResult) -> dict:
             "replays_per_s": round(r.replays_per_s, 1),
         },
     }
+
+
+def _tp(r: ScenarioResult) -> dict | None:
+    """A tensor-parallel scenario: each rank's counts and end, and the cross-rank verdict; None on one rank."""
+    if r.tp is None:
+        return None
+    return {"tp": r.tp.tp, "verdict": r.tp.describe(), "stale_on": list(r.tp.stale_on),
+            "carried_to": list(r.tp.carried_to), "ranks": [as_plain(t) for t in r.tp.ranks]}
 
 
 def _confidence(r: ScenarioResult) -> dict | None:

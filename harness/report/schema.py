@@ -46,6 +46,12 @@ A document is one JSON object::
                     from ground truth, and in which layers
         fault_mode  how the fault was built, e.g. "gate (cuStreamWaitValue32)", or null
         fault_text  the fault in words, e.g. "delay 1000us each"
+        tp          (optional) a tensor-parallel scenario (`tp` > 1), else null: {tp, verdict (the
+                    cross-rank verdict in words), stale_on [rank], carried_to [rank], ranks [{rank, fault,
+                    fence, replays, stale_replays, stale_read_replays, output_replays, carried_replays
+                    (its output wrong, its reads right, another rank's stale), findings, graph_findings,
+                    graph_nodes, collective_nodes, error, state ("finished" | "failed" | "stopped" |
+                    "died (exit code N)"), stack (its traceback, or its stack when stopped)}]}
         confidence  (optional) `run --until-confidence`, else null: {target_width, level (0.95), cap (the
                     most replays), width (the widest 95% interval reached; a sweep's points each count),
                     reached (every interval narrower than target_width)}
@@ -190,6 +196,12 @@ SCENARIO = {
     "backup_stale_layers?": MapOf(INT),
     "fault_mode?": Nullable(STR),
     "fault_text?": STR,
+    "tp?": Nullable({"tp": INT, "verdict": STR, "stale_on": [INT], "carried_to": [INT],
+                     "ranks": [{"rank": INT, "fault": STR, "fence": STR, "replays": INT, "stale_replays": INT,
+                                "stale_read_replays": INT, "output_replays": INT, "carried_replays": INT,
+                                "findings": INT, "graph_findings": INT, "graph_nodes": INT,
+                                "collective_nodes": INT, "error": Nullable(STR), "state": STR,
+                                "stack": Nullable(STR)}]}),
     "confidence?": Nullable({"target_width": NUMBER, "level": NUMBER, "cap": INT, "width": NUMBER,
                              "reached": BOOL}),
     "pressure?": Nullable({"mode": OneOf("separate process", "same process", "none"),

@@ -21,11 +21,13 @@ import torch
 from harness.checkers.graph import GraphCheck, check_graphs
 from harness.checkers.happens_before import Finding, find_races
 from harness.devices.base import Device, Gate, collector_paused, freeze_startup_heap
+from harness.devices.collective import current_group
 from harness.faults.contention import Contention, contention
 from harness.faults.plan import sweep_points
 from harness.faults.registry import fault_strategy
 from harness.model.runners import Runner
 from harness.records.errors import GraphMismatch, HarnessError
+from harness.records.ranks import CrossRank
 from harness.records.rates import Rate, Until
 from harness.records.scenario import Expect, Scenario
 from harness.records.trace import Span, Trace
@@ -61,6 +63,7 @@ class ScenarioResult:
     verdict: Verdict | None = None  # decided once, when the scenario has ended
     pressure: dict | None = None  # a pressure fault: how its contention ran and what it achieved
     until: Until | None = None  # run --until-confidence: the interval width asked for, and the cap
+    tp: CrossRank | None = None  # tensor parallel (`harness.run.tp`): each rank, and the cross-rank verdict
 
     @property
     def widest_interval(self) -> float:
@@ -131,6 +134,16 @@ def run_scenario(
 ) -> ScenarioResult:
     """One scenario on `dev`; with `counted=False`, everything up to and including the graph check
     and no counted replay (and no pressure fault's contention: nothing it could slow is timed)."""
+    if scenario.tp > 1 and current_group() is None:
+        # One process per rank, each running this pipeline on its view (`harness.run.tp`). The ranks'
+        # replay counts must match for their collectives to pair up: --until-confidence applies to
+        # scenarios on one rank only.
+        from harness.run.tp import run_tp
+
+        tp_result = run_tp(scenario, dev, ScenarioResult, replays=replays, timeout_s=timeout_s, counted=counted,
+                           on_replay=on_replay)
+        tp_result.seal()
+        return tp_result
     freeze_startup_heap()  # before t0: once per process, not this scenario's time
     result = ScenarioResult(scenario, until=until)
     t0 = time.perf_counter()

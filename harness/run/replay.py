@@ -7,7 +7,8 @@ One replay, on the forward stream:
 1. the hazard prepares the slots the load op writes (poison, or resident data), and
    the probe arena is poisoned;
 2. the load op starts (`start_loading`: the start event here, the schedule on the
-   load stream, with the fault's delays or the gate);
+   load stream, with the fault's delays or the gate), then the hazard's work while the load
+   lands (a deferred copy-on-write);
 3. the fence runs (it may enqueue waits, block the host, or pick another runner);
 4. the forward (a graph replay, graph segments, or eager steps);
 5. the hazard's work after the forward (write-after-read: the next batch's load;
@@ -107,8 +108,9 @@ def ground_truth(tb: Testbed, timeout_s: float) -> Oracle:
     plan = FaultPlan(Fault())
     with dev.stream(tb.forward):
         tb.hazard.prepare(tb.bed)
-        tb.start_load(plan, schedule=layerwise)
+        op = tb.start_load(plan, schedule=layerwise)
         dev.synchronize(timeout_s)
+        tb.hazard.before_forward(tb.bed, op, truth=True)
         EagerRunner(dev, tb.model, tb.counter).run()
         tb.hazard.after_forward(tb.bed, plan, tb.other_load(layerwise), truth=True)
         dev.synchronize(timeout_s)
@@ -538,13 +540,16 @@ class Replayer:
             self.observer.before()
             marks.take(dev, tb.forward, "start")
             op = tb.start_load(plan, gate=gating.on_load) if load else None
+            tb.hazard.before_forward(tb.bed, op)
             runner = self._fenced(i, op)
+            tb.drain_load()  # a loader thread's enqueue (schedule async_enqueue): after the fence's waits
             marks.take(dev, tb.forward, "launch")
             gating.before_forward()
             runner.run()
             marks.take(dev, tb.forward, "end")
             gating.after_forward()
             racing = tb.hazard.after_forward(tb.bed, plan, self.other_load, gating.for_hazard)
+            tb.drain_load()
         gating.open(op, racing)
         self.observer.after(row, marks)
         tb.counter.set_consumer(-1)  # the batch has run: the load's slots are the scheduler's again

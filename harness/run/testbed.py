@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from harness.devices.base import Device
+from harness.devices.collective import current_group
 from harness.engines import load_engine
 from harness.engines.engine import EngineLoader
 from harness.faults.plan import FaultPlan
@@ -14,6 +15,7 @@ from harness.faults.registry import fault_strategy
 from harness.input.plugins import Kind, for_scenario, resolve
 from harness.model.runners import Runner, make_runner
 from harness.model.stack import HybridModel
+from harness.model.tensor_parallel import TensorParallelModel, rank_shape
 from harness.protocol.accessors import AccessorPolicy
 from harness.protocol.counter import LoadCounter
 from harness.protocol.fences import FenceSetup
@@ -40,13 +42,18 @@ class Testbed:
         torch.manual_seed(scenario.seed)
         s = scenario
         self.scenario, self.dev, self.timeout_s = s, dev, timeout_s
-        self.layout = layout = plan_layout(s.model, s.batch)
+        # A tensor-parallel rank (`harness.run.tp`) holds its own heads' pools and its share of the model.
+        self.group = current_group() if s.tp > 1 else None
+        self.layout = layout = plan_layout(rank_shape(s.model, s.tp) if self.group else s.model, s.batch)
         engine = load_engine(s.engine) if s.engine else None
         self.pool = engine.pools(dev, layout) if engine else HybridPool(dev, layout)  # the engine's own pools
         self.host = HostPool(dev, layout, s.seed)
         # The write-back's host copy, for the hazards that back up: the model's probes observe it.
         backup = HostBackup(dev, layout) if HAZARDS[s.hazard].backs_up else None
-        self.model = HybridModel(dev, layout, self.pool, s.seed, backup)
+        # A tensor-parallel model is attention-only (`split_problem`): no Mamba slot to copy on write.
+        self.model = (TensorParallelModel(dev, layout, self.pool, s.seed, s.model, self.group, backup)
+                      if self.group is not None
+                      else HybridModel(dev, layout, self.pool, s.seed, backup, HAZARDS[s.hazard].copies_slots))
         n = layout.shape.num_layers
         # The engine's own load chain where it has one for this model: its counter and its load stream.
         self.engine_load: EngineLoader | None = engine.loader(dev, layout, self.pool, self.host) if engine else None
@@ -69,7 +76,8 @@ class Testbed:
         targets = tuple(r for lid in range(n) for r in prefix_regions(layout, lid))
         self.writeback = WriteBack(dev, layout, self.pool, self.forward, backup) if backup is not None else None
         self.bed = HazardBed(dev, layout, self.pool, self.copies, targets, s.poison, s.seed, chunks, self.host,
-                             self.load, transfer_policy(s.transfer), self.writeback, timeout_s)
+                             self.load, transfer_policy(s.transfer), self.writeback, timeout_s,
+                             self.model.probes.cow or None)
         self.hazard = make_hazard(s.hazard, self.bed)
 
     def start_load(self, plan: FaultPlan, *, schedule: Schedule | None = None, gate: Any = None,
@@ -84,6 +92,13 @@ class Testbed:
                            self.layout, schedule or self.schedule, gate, self.listeners, self.starters)
         self.counter.set_consumer(op.index)
         return op
+
+    def drain_load(self) -> None:
+        """Enqueue now what the schedule left to a loader thread of its own (`AsyncEnqueue.drain`);
+        nothing for any other schedule."""
+        drain = getattr(self.schedule, "drain", None)
+        if drain is not None:
+            drain()
 
     def _by_engine(self, schedule: Schedule | None, copies: CopyPlan | None) -> bool:
         """This batch's own load op, with the engine's schedule, one copy per layer and nothing

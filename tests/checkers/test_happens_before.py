@@ -94,6 +94,16 @@ def test_wait_on_never_recorded_event_does_not_order():
     assert len(find_races(t)) == 1
 
 
+def test_wait_enqueued_before_the_record_does_not_order():
+    # sglang#38472's class: the record comes later in enqueue order (another host thread), so the
+    # wait binds to no record, or to the one before it; the same ops with the record first are clean.
+    late = story(Wait(FWD, EV), Copy(LOAD, K0), Record(LOAD, EV), read(FWD, K0))
+    assert [f.kind for f in find_races(late)] == [RaceKind.READ_AFTER_WRITE]
+    reused = story(Record(LOAD, EV), HostSync(), Wait(FWD, EV), Copy(LOAD, K0), Record(LOAD, EV), read(FWD, K0))
+    assert [f.kind for f in find_races(reused)] == [RaceKind.READ_AFTER_WRITE]
+    assert find_races(story(Copy(LOAD, K0), Record(LOAD, EV), Wait(FWD, EV), read(FWD, K0))) == []
+
+
 def test_replay_body_read_after_captured_graph_wait_is_ordered():
     body = (Wait(CAP, EV, in_graph=True), read(CAP, K0))
     t = story(Copy(LOAD, K0), Record(LOAD, EV), Replay(FWD, 7, body))

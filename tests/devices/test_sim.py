@@ -140,6 +140,36 @@ def test_wait_on_never_recorded_event_is_a_noop():
     assert not s.fresh(s.read())
 
 
+def test_a_wait_enqueued_before_the_events_first_record_orders_nothing():
+    # sglang#38472's class: the load is enqueued (its event recorded) by another host thread after
+    # the consumer's wait. CUDA binds a wait to the event's record at the time of the wait: none here,
+    # so the wait completes at once, and the record enqueued later orders nothing before the reader.
+    s = Story(SLOW)
+    e = s.dev.Event()
+    s.F.wait_event(e)
+    s.copy()
+    e.record(s.L)
+    assert not s.fresh(s.read())
+    # The twin: the record enqueued before the wait (the host knew it was recorded) orders the read.
+    t = Story(SLOW)
+    t.copy()
+    t.F.wait_event(t.record_on_L())
+    assert t.fresh(t.read())
+
+
+def test_a_wait_binds_to_the_record_before_it_not_to_a_later_one():
+    # A reused event (a ring slot of the load counter): the wait enqueued before this op's record
+    # waits on the previous op's record, long completed, not on the copy recorded after it.
+    s = Story(SLOW)
+    e = s.dev.Event()
+    e.record(s.L)
+    s.dev.synchronize()
+    s.F.wait_event(e)
+    s.copy()
+    e.record(s.L)
+    assert not s.fresh(s.read())
+
+
 def test_late_copy_clobbers_what_a_kernel_wrote():
     s = Story(SLOW)
     s.copy()

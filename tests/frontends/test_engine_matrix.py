@@ -67,7 +67,7 @@ def test_one_release_runs_in_its_own_process_through_the_hidden_option(tmp_path,
         runs.append(cmd)
         return SimpleNamespace(returncode=2)
 
-    monkeypatch.setattr(em, "install", lambda version, engines_dir: tmp_path)
+    monkeypatch.setattr(em, "install", lambda version, engines_dir, engine="sglang": tmp_path)
     monkeypatch.setattr(em.subprocess, "run", child)
     assert main(["engine-matrix", "--releases", "9.9.9", "--device", "sim", "--out", str(tmp_path / "m")]) == 2
     (cmd,) = runs

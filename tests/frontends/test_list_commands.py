@@ -14,6 +14,7 @@ from harness.frontends.cli import main
 from harness.input.plugins import Kind, builtins
 from harness.input.scenario_file import default_files, load_files
 from harness.protocol.hazards import HAZARDS
+from harness.records.scenario import shown_path
 from tests.support.paths import DATA
 
 REGISTRIES = {
@@ -71,7 +72,8 @@ def test_scenarios_take_files_and_k_as_run_does(capsys):
     tiny = str(DATA / "tiny.toml")
     every = listed(capsys, "scenarios", tiny)
     assert [i["name"] for i in every] == [s.name for s in load_files([DATA / "tiny.toml"])]
-    assert {i["source"] for i in every} == {tiny}
+    # The file as messages show it: relative to the working directory (the checkout here).
+    assert {i["source"] for i in every} == {shown_path(tiny)} != {tiny}
     chosen = listed(capsys, "scenarios", tiny, "-k", "full and not none")
     assert chosen and all("full" in i["name"] and "none" not in i["name"] for i in chosen)
     assert len(chosen) < len(every)

@@ -512,3 +512,16 @@ def test_a_shard_cut_short_names_only_its_own_scenarios_as_not_run(pytester):
     assert (doc["shard"], doc["interrupted"]) == ("1/3", "SIGTERM")
     assert [s["name"] for s in doc["scenarios"]] == ["tiny-full-final_event"]
     assert doc["not_run"] == ["tiny-stops-here", "tiny-after"]
+
+
+def test_a_skipped_scenario_is_reported_at_its_own_file_and_line(pytester, tiny):
+    # A GPU-only scenario on the simulator: the skip line names the scenario file and the line of
+    # its name, never the plugin's module (from a wheel, a folder of the installing machine).
+    pytester.makefile(".toml", gpu_only=TINY.replace('name = "tiny-full-final_event"',
+                                                     'name = "tiny-full-final_event"\ndevices = ["cuda"]'))
+    result = run(pytester, "--harness-scenarios", "gpu_only.toml", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    line = next(x for x in result.outlines if x.startswith("SKIPPED"))
+    lineno = TINY.splitlines().index('name = "tiny-full-final_event"') + 1
+    assert line == (f"SKIPPED [1] gpu_only.toml:{lineno}: runs only on cuda (devices in gpu_only.toml), "
+                    "not on sim"), line

@@ -94,9 +94,9 @@ def _assert_one_line(err: InputError) -> None:
 
 def test_default_set_is_the_twelve_core_scenarios_the_fault_kinds_and_the_write_back():
     files = default_files()
-    assert [f.name for f in files] == ["default.toml", "faults.toml", "natural.toml", "writeback.toml"]
+    assert [f.name for f in files] == ["default.toml", "faults.toml", "natural.toml", "tp.toml", "writeback.toml"]
     # Each write-back hazard with the engine's transfer path (clean) and the variant that breaks it.
-    writeback = {(s.hazard, s.transfer): s.expect for s in load_file(files[3])}
+    writeback = {(s.hazard, s.transfer): s.expect for s in load_file(files[4])}
     assert writeback == {
         (Hazard.STORE, "engine"): Expect.CLEAN, (Hazard.STORE, "no_write_fence"): Expect.RACE,
         (Hazard.REUSE, "engine"): Expect.CLEAN, (Hazard.REUSE, "no_ack_wait"): Expect.RACE,
@@ -290,7 +290,8 @@ def test_distinct_files_load_together(tmp_path):
 def test_validator_tables_cover_the_records():
     # A field added to ModelShape or Scenario must get a parser here too.
     assert set(_MODEL_FIELDS) == {f.name for f in dataclasses.fields(ModelShape)}
-    scenario_fields = {f.name for f in dataclasses.fields(Scenario)} - {"source"}
+    # fault_ranks is the fault's own `ranks` key (harness.input.tp_keys), read with the fault.
+    scenario_fields = {f.name for f in dataclasses.fields(Scenario)} - {"source", "fault_ranks"}
     assert set(_SCENARIO_FIELDS) == scenario_fields
 
 

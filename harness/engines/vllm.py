@@ -1,0 +1,190 @@
+"""vLLM's own KV-connector contract, driven by the harness: the attention layer's connector hooks and
+VllmConfig's cudagraph-mode decision, on the installed release.
+
+Whatever release is installed, the adapter calls its code by name and never asks which release it
+is: whether a connector that declares `requires_piecewise_for_cudagraph` gets a piecewise graph is
+decided by the release's own `VllmConfig.__post_init__` (0.17.0 downgrades FULL to PIECEWISE for it,
+vllm-project/vllm#31057; 0.16.0 has no such check), not by the adapter.
+
+- `VllmConfig` / `CompilationConfig` / `KVTransferConfig` (`vllm/config/`): one whole VllmConfig per
+  scenario, built with no model, FULL cudagraph mode asked for and the scenario's connector named by
+  module path; the mode it settles on is vLLM's decision. vLLM reads the platform for it
+  (`current_platform.support_static_graph_mode()`): the harness's simulator is set as vLLM's current
+  platform, an out-of-tree `Platform` that captures graphs (`HarnessPlatform`).
+- the worker's connector: made by vLLM's own `ensure_kv_transfer_initialized` (its
+  `KVConnectorFactory` imports the connector by module path), handed the KV caches with
+  `register_kv_caches`, its metadata bound and its `start_load_kv` called inside the engine's own
+  `set_forward_context`, as the model runner's connector mixin does before the forward
+  (`harness.engines.vllm_load`).
+- the attention layer's hooks: vLLM's own `unified_attention`
+  (`vllm/model_executor/layers/attention/attention.py`), whose `maybe_transfer_kv_layer` decorator
+  calls the connector's `wait_for_layer_load(layer_name)` before the attention kernel and
+  `save_kv_layer(layer_name, kv_cache, attn_metadata)` after it, reading the forward context
+  (`harness.engines.vllm_pools`). The attention kernel is the harness's.
+
+Each module of `NEEDED` must import and have the names listed; otherwise the adapter refuses to run
+with one line naming what is missing and the version found.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from harness.records.errors import InputError
+
+if TYPE_CHECKING:
+    from harness.devices.base import Device
+    from harness.engines.engine import EngineLoader
+    from harness.protocol.counter import LoadCounter
+    from harness.protocol.layout import Layout
+    from harness.protocol.pools import HostPool, HybridPool
+
+PLATFORMS = "vllm.platforms"
+PLATFORM = "vllm.platforms.interface"
+CONFIG = "vllm.config"
+COMPILATION = "vllm.config.compilation"
+CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.base"
+TRANSFER = "vllm.distributed.kv_transfer.kv_transfer_state"
+FORWARD = "vllm.forward_context"
+ATTENTION = "vllm.model_executor.layers.attention.attention"
+
+NEEDED = {
+    PLATFORMS: (),
+    PLATFORM: ("Platform", "PlatformEnum.OOT"),
+    CONFIG: ("VllmConfig", "CompilationConfig", "KVTransferConfig"),
+    COMPILATION: ("CUDAGraphMode.FULL", "CUDAGraphMode.PIECEWISE", "CompilationMode.VLLM_COMPILE"),
+    CONNECTOR: ("KVConnectorBase_V1.wait_for_layer_load", "KVConnectorBase_V1.save_kv_layer",
+                "KVConnectorBase_V1.start_load_kv", "KVConnectorBase_V1.bind_connector_metadata",
+                "KVConnectorMetadata", "KVConnectorRole.WORKER"),
+    TRANSFER: ("ensure_kv_transfer_initialized", "ensure_kv_transfer_shutdown", "get_kv_transfer_group"),
+    FORWARD: ("set_forward_context", "get_forward_context"),
+    ATTENTION: ("unified_attention",),
+}
+INSTALL = ("make engine-matrix (vllm 0.16.0 and 0.17.0, each in .engines/vllm-VERSION), or: "
+           "pip install --no-deps vllm==0.17.0 beside the .[vllm] extra")
+
+# What the scenario's graph mode asks vLLM for, and what it may settle on, as the harness's runners.
+FULL, PIECEWISE = "FULL", "PIECEWISE"
+
+
+@dataclass(frozen=True)
+class Vllm:
+    version: str
+    modules: dict[str, Any]  # Any: vllm has no types here (it may not even be installed)
+
+    def counter(self, dev: Device, num_layers: int) -> LoadCounter:
+        """The connector's load events: vLLM has no counter of its own (a connector keeps its own
+        events); the harness's ring stands for them, and the harness's connector waits through it."""
+        from harness.protocol.loadback import LayerDoneCounter
+
+        return LayerDoneCounter(dev, num_layers)
+
+    def pools(self, dev: Device, layout: Layout) -> HybridPool:
+        """The KV caches vLLM hands a connector (one tensor a layer, K and V stacked), their reads
+        inside vLLM's own attention entry point."""
+        from harness.engines.vllm_pools import VllmPools  # torch: not at the command line's start
+
+        return VllmPools(self, dev, layout)
+
+    def loader(self, dev: Device, layout: Layout, pools: HybridPool, host: HostPool) -> EngineLoader:
+        """The worker's connector, made by vLLM from a VllmConfig: its `start_load_kv` starts each
+        load op (`harness.engines.vllm_load`)."""
+        from harness.engines.vllm_load import VllmLoad
+        from harness.engines.vllm_pools import VllmPools
+
+        if not isinstance(pools, VllmPools):
+            raise TypeError(f"the connector loads into vLLM's KV caches, not {type(pools).__name__}")
+        return VllmLoad(self, dev, layout, pools, host)
+
+    # ---- what the adapter's modules reach through it ------------------------------------------
+    def module(self, name: str) -> Any:
+        """One of `NEEDED`'s modules, imported and checked by `load()`."""
+        return self.modules[name]
+
+    def connector_config(self, connector: type, extra_config: dict[str, Any]) -> Any:
+        return connector_config(self, connector, extra_config)
+
+    def decided_mode(self, config: Any) -> str:
+        return decided_mode(config)
+
+
+@functools.lru_cache(maxsize=1)
+def load(source: str = "engine", key: str = "engine") -> Vllm:
+    """Import the engine and check every name the adapter needs; InputError (exit 2) if not."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise InputError(source, key, f"engine 'vllm' is not importable here ({e}); install it: {INSTALL}") from None
+    version = getattr(vllm, "__version__", "unknown")
+    modules = {}
+    for name in NEEDED:
+        try:
+            modules[name] = importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - any import failure is the same answer
+            raise InputError(source, key, f"vllm {version}: cannot import {name} ({type(e).__name__}: {e})") from None
+    missing = [f"{mod.rsplit('.', 1)[-1]}.{attr}" for mod, attrs in NEEDED.items() for attr in attrs
+               if lookup(modules[mod], attr) is None]
+    if missing:
+        raise InputError(source, key, f"vllm {version} has no {', '.join(missing)}; the adapter needs them")
+    return Vllm(version, modules)
+
+
+def lookup(module: ModuleType, dotted: str) -> Any:
+    obj: object = module
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+_platform: Any = None
+
+
+def harness_platform(engine: Vllm) -> Any:
+    """The simulator (or the harness's CUDA device) as vLLM's current platform: an out-of-tree
+    platform that captures graphs, so VllmConfig takes its graph-mode branch as on a GPU."""
+    global _platform
+    if _platform is not None:
+        return _platform
+    iface = engine.modules[PLATFORM]
+    base: Any = iface.Platform
+
+    class HarnessPlatform(base):
+        _enum = iface.PlatformEnum.OOT
+        device_name = "cpu"
+        device_type = "cpu"
+
+        @classmethod
+        def support_static_graph_mode(cls) -> bool:
+            return True
+
+    _platform = HarnessPlatform()
+    return _platform
+
+
+def use_harness_platform(engine: Vllm) -> None:
+    """Set vLLM's current platform to the harness's (once per process; a GPU host's own platform
+    would need vLLM's compiled ops, which the harness never calls)."""
+    engine.modules[PLATFORMS].current_platform = harness_platform(engine)
+
+
+def connector_config(engine: Vllm, connector: type, extra_config: dict[str, Any], mode: str = FULL) -> Any:
+    """A whole VllmConfig with no model: `mode` asked for (FULL), `connector` named by module path
+    for both roles; `compilation_config.cudagraph_mode` is then vLLM's decision."""
+    use_harness_platform(engine)
+    cfg, comp = engine.modules[CONFIG], engine.modules[COMPILATION]
+    kv = cfg.KVTransferConfig(kv_connector=connector.__name__, kv_connector_module_path=connector.__module__,
+                              kv_role="kv_both", kv_connector_extra_config=dict(extra_config))
+    compilation = cfg.CompilationConfig(cudagraph_mode=getattr(comp.CUDAGraphMode, mode),
+                                        mode=comp.CompilationMode.VLLM_COMPILE)
+    return cfg.VllmConfig(compilation_config=compilation, kv_transfer_config=kv)
+
+
+def decided_mode(config: Any) -> str:
+    """The cudagraph mode a VllmConfig settled on, by name (FULL, PIECEWISE, ...)."""
+    return str(config.compilation_config.cudagraph_mode.name)

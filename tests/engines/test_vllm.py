@@ -1,0 +1,120 @@
+"""The vLLM adapter against an installed vllm, on the CPU simulator (`make engine-matrix` runs it on
+0.16.0 and 0.17.0; one release in process: `PYTHONPATH=.engines/vllm-0.17.0`).
+
+The connector's hooks are called by vLLM's own `unified_attention`; the graph mode is what vLLM's
+own VllmConfig settles on. Every scenario must meet its file's expectation on the installed release;
+the downgrade disabled must race on every release (teeth).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("vllm", reason="vllm is not importable here; `make engine-matrix` installs 0.16.0 and 0.17.0 "
+                                   "(run with PYTHONPATH=.engines/vllm-0.17.0)")
+
+from harness.devices.sim import SimDevice  # noqa: E402
+from harness.engines import vllm as adapter  # noqa: E402
+from harness.engines import vllm_load  # noqa: E402
+from harness.engines.vllm_connector import LayerwiseConnector  # noqa: E402
+from harness.input.scenario_file import SCENARIO_DIR, load_file  # noqa: E402
+from harness.records.scenario import Backend, Expect, FaultKind  # noqa: E402
+from harness.run.pipeline import run_scenario  # noqa: E402
+from harness.run.replay import armed  # noqa: E402
+from harness.run.testbed import Testbed  # noqa: E402
+
+FILE = SCENARIO_DIR / "engine" / "vllm.toml"
+
+
+def small(s):
+    return s.with_overrides(model=dataclasses.replace(s.model, hidden=64, heads=2, kv_heads=1, head_dim=32))
+
+
+SCENARIOS = [small(s) for s in load_file(FILE)]
+BY_NAME = {s.name: s for s in SCENARIOS}
+# Whether this release checks the declaration: read from vLLM's own base class, not its version.
+CHECKS = hasattr(adapter.load().module(adapter.CONNECTOR).KVConnectorBase_V1, "requires_piecewise_for_cudagraph")
+
+
+def test_the_connector_is_made_by_vllm_and_is_a_v1_connector():
+    b = Testbed(SCENARIOS[0], SimDevice())
+    base = adapter.load().module(adapter.CONNECTOR).KVConnectorBase_V1
+    load = b.engine_load
+    assert isinstance(load, vllm_load.VllmLoad)
+    assert type(load.connector) is LayerwiseConnector and isinstance(load.connector, base)
+    assert adapter.load().module(adapter.TRANSFER).get_kv_transfer_group() is load.connector
+    assert set(load.connector.kv_caches) == {f"model.layers.{i}.self_attn.attn" for i in range(4)}
+
+
+@pytest.mark.parametrize("declares", [False, True])
+def test_the_graph_mode_is_vllms_own_decision(declares):
+    eng = adapter.load()
+    config = eng.connector_config(LayerwiseConnector, {"requires_piecewise": declares})
+    assert eng.decided_mode(config) == ("PIECEWISE" if declares and CHECKS else "FULL")
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_every_vllm_scenario_meets_its_expectation_on_this_release(scenario):
+    r = run_scenario(scenario, SimDevice(), replays=3)
+    assert r.error is None, r.error
+    assert r.observed is scenario.expect, (dict(r.tally.layer_counts), len(r.findings))
+    if scenario.expect is Expect.CLEAN:
+        assert not r.findings and r.graph is not None and not r.graph.findings
+    elif scenario.fault.kind is FaultKind.GATE:
+        assert r.tally.stale_replays == r.tally.replays  # under the gate: every replay
+        assert r.graph is not None and r.graph.findings  # and the graph check sees it
+
+
+def test_the_declaration_expects_what_the_release_ships():
+    s = BY_NAME["vllm.layerwise-true.gate"]
+    assert s.expect is (Expect.CLEAN if CHECKS else Expect.RACE)
+
+
+def test_the_downgrade_disabled_races_where_it_would_be_clean():
+    s = BY_NAME["vllm.layerwise-true.gate"]
+    off = run_scenario(s.with_overrides(fence="vllm_layerwise_piecewise_nodowngrade"), SimDevice(), replays=3)
+    assert off.error is None and off.observed is Expect.RACE and off.tally.stale_replays == 3
+    on = run_scenario(s, SimDevice(), replays=3)
+    assert (on.observed is Expect.CLEAN) is CHECKS
+
+
+def test_under_piecewise_vllm_calls_the_hooks_around_every_attention_layer():
+    if not CHECKS:
+        pytest.skip("this release keeps FULL for a connector declaring True")
+    b = Testbed(BY_NAME["vllm.layerwise-true.delay"], SimDevice())
+    _, runner = armed(b, 30.0)
+    assert b.fence.mode == "PIECEWISE" and b.fence.backend is Backend.BREAKABLE
+    t = b.engine_load.transfer
+    with b.dev.stream(b.forward):
+        b.start_load(_plan())
+        b.fence.runner.run()
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
+    assert t.hooks == ["start_load_kv"] + [f"{h}:{n}" for n in names for h in ("wait_for_layer_load", "save_kv_layer")]
+    b.dev.synchronize(30.0)
+
+
+def test_a_full_graph_replays_no_hook():
+    b = Testbed(BY_NAME["vllm.layerwise-false.delay"], SimDevice())
+    _, runner = armed(b, 30.0)
+    assert runner.backend is Backend.FULL and b.fence.mode == "FULL"
+    t = b.engine_load.transfer
+    with b.dev.stream(b.forward):
+        b.start_load(_plan())
+        runner.run()
+    assert t.hooks == ["start_load_kv"]  # the graph's replay ran no Python: no wait, no save
+    b.dev.synchronize(30.0)
+
+
+def test_a_model_with_mamba_layers_is_refused():
+    s = dataclasses.replace(SCENARIOS[0].model, layers="AMAM")
+    r = run_scenario(SCENARIOS[0].with_overrides(model=s), SimDevice(), replays=1)
+    assert r.error is not None and "attention layers only" in r.error
+
+
+def _plan():
+    from harness.faults.plan import FaultPlan
+    from harness.records.scenario import Fault
+
+    return FaultPlan(Fault())
