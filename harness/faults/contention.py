@@ -50,9 +50,10 @@ from typing import IO, Any
 
 import torch
 
+from harness.faults.registry import fault_strategy
 from harness.records.errors import PressureError
 from harness.records.plain import as_plain
-from harness.records.scenario import CopyDirection, Fault, FaultKind, Pressure, PressureProcess
+from harness.records.scenario import CopyDirection, Fault, Pressure, PressureProcess
 
 DEPTH = 2  # items in flight per stream: enough to keep it busy, little for a device sync to drain
 START_TIMEOUT_S = 60.0  # a process that is not ready by then (torch import, CUDA start) is stuck
@@ -379,9 +380,9 @@ def _last_json(out: bytes) -> dict | None:
 
 def contention(fault: Fault, device: torch.device) -> Contention:
     """The handle for a scenario's fault on `device`: a process starts here, at once."""
-    if fault.kind is not FaultKind.PRESSURE:
+    spec = fault_strategy(fault).pressure(fault)
+    if spec is None:
         return Contention()
-    spec = fault.pressure or Pressure()
     if device.type != "cuda":
         return Quiet(spec)
     if spec.process is PressureProcess.SAME:

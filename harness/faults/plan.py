@@ -5,6 +5,8 @@ microseconds to spin before each (layer, chunk) copy, and whether the load
 stream is held by a gate. The device enqueues what the plan says; nothing here
 touches a device, so all of it is tested on the CPU.
 
+What each kind does is its strategy's (`harness.faults.registry`, one module a fault):
+
 - delay:   `us` before layer copies (every layer, or layer 0 only).
 - jitter:  a fresh random delay in [0, us] per layer and replay, a function of
            (seed, replay, layer) only, so a failing replay can be reproduced.
@@ -17,14 +19,12 @@ touches a device, so all of it is tested on the CPU.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
-from harness.records.scenario import DelayWhere, Fault, FaultKind
-
-# Where the CUDA gate cannot be built (cuda.bindings missing), a delay this long
-# before layer 0 stands in for it: far longer than any small replay.
-GATE_FALLBACK_US = 20_000.0
+from harness.faults.gate import GATE_FALLBACK_US
+from harness.faults.jitter import jitter_us
+from harness.faults.registry import fault_strategy
+from harness.records.scenario import Fault, FaultKind
 
 
 @dataclass(frozen=True)
@@ -36,33 +36,17 @@ class FaultPlan:
 
     def pause_us(self, layer: int, chunk: int = 0) -> float:
         """Microseconds to hold the load stream before copy `chunk` of `layer`."""
-        f = self.fault
-        if f.kind is FaultKind.CHUNKED:
-            return f.us if chunk > 0 else 0.0
-        if chunk > 0 or (f.where is DelayWhere.FIRST and layer != 0):
-            return 0.0
-        if f.kind is FaultKind.DELAY:
-            return f.us
-        if f.kind is FaultKind.JITTER:
-            return jitter_us(f.seed, self.replay, layer, f.us)
-        return 0.0
-
-
-def jitter_us(seed: int, replay: int, layer: int, most: float) -> float:
-    # A string seed hashes the same in every process (unlike hash() of a tuple).
-    return random.Random(f"{seed}:{replay}:{layer}").uniform(0.0, most)
+        return fault_strategy(self.fault).pause_us(self.fault, self.replay, layer, chunk)
 
 
 def sweep_points(fault: Fault) -> list[tuple[float, Fault]]:
     """(delay, the plain fault run at it) for each point; one point for other kinds."""
-    if fault.kind is not FaultKind.SWEEP:
-        return [(fault.us, fault)]
-    return [
-        (us, Fault(FaultKind.DELAY, us, fault.where) if us > 0 else Fault())
-        for us in fault.points
-    ]
+    return fault_strategy(fault).points(fault)
 
 
 def gate_fallback() -> Fault:
     """The long delay that stands in for a gate where no gate can be built."""
-    return Fault(FaultKind.DELAY, GATE_FALLBACK_US, DelayWhere.FIRST)
+    return fault_strategy(FaultKind.GATE).stand_in(Fault(FaultKind.GATE))
+
+
+__all__ = ["GATE_FALLBACK_US", "FaultPlan", "gate_fallback", "jitter_us", "sweep_points"]

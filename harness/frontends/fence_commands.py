@@ -20,9 +20,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from harness.faults.registry import FAULTS
 from harness.frontends.cli_args import device_arguments, out_argument, positive_int
 from harness.frontends.session import write_report
-from harness.records.scenario import Backend, Expect, FaultKind, Scenario
+from harness.records.scenario import Backend, Expect, Scenario
 
 if TYPE_CHECKING:
     from harness.run.pipeline import ScenarioResult
@@ -78,7 +79,7 @@ def cmd_fences(args: argparse.Namespace) -> int:
     dev = open_device(args.device, args.sim_costs)
     strategies = ["none", *dict.fromkeys(n for n in chosen if n != "none")]
     fault = getattr(args, "fault", None)
-    scenarios = [s for s in race_scenarios() if fault is None or s.fault.kind.value == fault]
+    scenarios = [s for s in race_scenarios() if fault is None or s.fault.kind == fault]
     print(f"device: {dev.name}  race scenarios: {len(scenarios)}  strategies: {', '.join(strategies)}")
     started, results, cells = time.time(), [], []
     doc = build_results([], dev.describe(), started, time.time(), {"strategies": {"cells": []}})
@@ -194,7 +195,7 @@ def add_commands(sub) -> None:
     f.add_argument("--strategy", dest="strategies", action="append", metavar="FENCE",
                    help="a correct strategy to check (repeatable): a registry name or package.module:callable "
                         "(default: every correct strategy); `none` always runs too")
-    f.add_argument("--fault", choices=[k.value for k in FaultKind], default=None,
+    f.add_argument("--fault", choices=list(FAULTS), default=None,
                    help="only the race scenarios under this fault (gate: the deterministic ones)")
     common(f)
     b = sub.add_parser("bench", help="end-to-end cost of each fence strategy against max(load, compute)")

@@ -7,8 +7,8 @@
 
 Each kind is read from the registry the harness resolves its names in: the fences (the engines'
 own among them), accessors, schedules and hazards of `harness.protocol`, the engines of
-`harness.engines`, the fault kinds; the scenarios from the files `run` reads, selected as `run`
-selects them. An entry's description is its `description` attribute where it has one, else the
+`harness.engines`, the faults of `harness.faults.registry`; the scenarios from the files `run`
+reads, selected as `run` selects them. An entry's description is its `description` attribute where it has one, else the
 first paragraph of its own docstring, as one line. A wrong kind is one line naming the valid
 ones, exit 2.
 """
@@ -49,28 +49,12 @@ def describe(obj: object) -> str:
     return " ".join((text or "").strip().split("\n\n")[0].split())
 
 
-# What each fault kind does to the load stream (a scenario's `fault.kind`).
-_FAULTS: dict[str, str] = {
-    "none": "Nothing: the race depends on timing alone.",
-    "delay": "A spin of `us` on the load stream before every layer's copies (`where = \"each\"`) or before "
-             "layer 0's only.",
-    "gate": "The load stream held by a host-released gate until the replay has run on the device: every read "
-            "not ordered after its copy comes first, in every replay.",
-    "jitter": "A random delay in [0, `us`] before each layer, new every replay, a function of (seed, replay, "
-              "layer) only.",
-    "chunked": "Each layer's copies split into `chunks` parts with `us` before each part after the first: a "
-               "layer can be read partly loaded.",
-    "sweep": "The scenario at each delay of `points` (us), `replays` each: detection probability per point.",
-    "pressure": "Contention from outside the scenario, as production has it: GEMMs and pinned copies on the "
-                "device, in another process or this one.",
-}
-
-
 def fault_kinds() -> dict[str, str]:
-    """Each fault kind's name and what it does: the one place `list` reads the faults from."""
-    from harness.records.scenario import FaultKind
+    """Each fault's name and what it does, from the fault registry (its strategy's docstring): the one
+    place `list` reads the faults from."""
+    from harness.faults.registry import FAULTS
 
-    return {k.value: _FAULTS.get(k.value, "") for k in FaultKind}
+    return {name: describe(strategy) for name, strategy in FAULTS.items()}
 
 
 def _fences(args: argparse.Namespace) -> list[Entry]:

@@ -21,7 +21,6 @@ empty key.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 import sys
@@ -34,6 +33,8 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10
     import tomli as tomllib
 
+from harness.faults.registry import FAULTS, fault_keys, fault_strategy
+from harness.faults.strategy import FaultStrategy
 from harness.input import tp_keys
 from harness.input.plugins import Kind, resolve
 from harness.records.errors import InputError
@@ -41,8 +42,6 @@ from harness.records.releases import ReleaseExpectations
 from harness.records.scenario import (
     LAYER_KINDS,
     Backend,
-    CopyDirection,
-    DelayWhere,
     DType,
     Evidence,
     Expect,
@@ -50,15 +49,21 @@ from harness.records.scenario import (
     FaultKind,
     Hazard,
     ModelShape,
-    NamedEnum,
     Pace,
-    Pressure,
-    PressureProcess,
     Request,
     Scenario,
     Tolerance,
     kv_slots_needed,
 )
+from harness.records.values import Invalid as _Invalid
+from harness.records.values import Parser
+from harness.records.values import describe_value as _describe
+from harness.records.values import did_you_mean as _did_you_mean
+from harness.records.values import enum as _enum
+from harness.records.values import integer as _integer
+from harness.records.values import number as _number
+from harness.records.values import one_of as _one_of
+from harness.records.values import string as _string
 
 # The scenario sets that ship with the package (package data; in a checkout, `harness/scenarios` is a
 # link to the top-level `scenarios/`), so an installed wheel runs the same sets as the checkout.
@@ -72,21 +77,6 @@ DEVICE_BYTES_LIMIT = 64 * 2**30
 ELEM_SIZE = {DType.BF16: 2, DType.FP16: 2, DType.FP32: 4}
 MAMBA_STATE_ELEM_SIZE = 4  # Mamba state is estimated at fp32 width whatever the dtype
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
-
-Parser = Callable[[Any, str], Any]
-
-
-class _Invalid(Exception):
-    """A problem at `key`; parse_text adds the source and raises InputError.
-
-    Parsers below raise this so that they need not carry the file name around.
-    """
-
-    def __init__(self, key: str, message: str):
-        super().__init__(message)
-        self.key = key
-        self.message = message
-
 
 # ---------------------------------------------------------------- public API
 
@@ -165,90 +155,19 @@ def parse_text(text: str, source: str) -> list[Scenario]:
         raise InputError(source, e.key, e.message) from None
 
 
-# ---------------------------------------------------------------- messages
-
-
-def _describe(value: Any) -> str:
-    """How a wrong value reads in a message: its TOML type and a short form."""
-    if isinstance(value, bool):
-        return f"boolean {str(value).lower()}"
-    if isinstance(value, str):
-        shown = value if len(value) <= 40 else value[:37] + "..."
-        return f"string {shown!r}"
-    if isinstance(value, int):
-        return f"integer {value}"
-    if isinstance(value, float):
-        return f"float {value!r}"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "a table"
-    return f"{type(value).__name__} {value}"  # TOML dates and times
-
-
-def _did_you_mean(word: str, options: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+# ---------------------------------------------------------------- value parsers
+# Each takes (value, key) and returns the converted value or raises _Invalid; the plain ones
+# (integers, numbers, strings, names) are `harness.records.values`'s, shared with the faults' keys.
 
 
 def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
-# ---------------------------------------------------------------- value parsers
-# Each takes (value, key) and returns the converted value or raises _Invalid.
-
-
-def _integer(lo: int, hi: int | None = None) -> Parser:
-    bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"
-
-    def parse(value: Any, key: str) -> int:
-        # bool is an int subclass in Python; `true` for a size is a mistake.
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise _Invalid(key, f"expected an integer, got {_describe(value)}")
-        if value < lo or (hi is not None and value > hi):
-            raise _Invalid(key, f"must be {bounds}, got {value}")
-        return value
-
-    return parse
-
-
-def _number(value: Any, key: str) -> float:
-    """A finite number >= 0, int or float, stored as float."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise _Invalid(key, f"expected a number, got {_describe(value)}")
-    if not math.isfinite(value):
-        raise _Invalid(key, f"must be a finite number, got {value}")
-    if value < 0:
-        raise _Invalid(key, f"must be >= 0, got {value}")
-    return float(value)
-
-
-def _string(value: Any, key: str, wanted: str) -> str:
-    if not isinstance(value, str):
-        raise _Invalid(key, f"expected {wanted}, got {_describe(value)}")
-    return value
-
-
 def _table(value: Any, key: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _Invalid(key, f"expected a table, got {_describe(value)}")
     return value
-
-
-def _enum(cls: type[NamedEnum]) -> Parser:
-    names = cls.names()
-    valid = ", ".join(names)
-
-    def parse(value: Any, key: str) -> NamedEnum:
-        _string(value, key, f"a string, one of: {valid}")
-        if value not in names:
-            raise _Invalid(
-                key, f"unknown value {value!r}; valid: {valid}{_did_you_mean(value, names)}"
-            )
-        return cls(value)
-
-    return parse
 
 
 def _check_keys(table: dict[str, Any], valid: Iterable[str], prefix: str) -> None:
@@ -380,99 +299,31 @@ def _request(value: Any, key: str) -> Request:
     return Request(**fields)
 
 
-_FAULT_KIND = _enum(FaultKind)
-_DELAY_WHERE = _enum(DelayWhere)
-MAX_DELAY_US = 10_000_000.0  # 10 s: past that a delay is a typo, and a replay would time out
-
-# Which keys each fault kind takes, beyond `kind`; (required, optional).
-_FAULT_KEYS: dict[FaultKind, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    FaultKind.NONE: ((), ()),
-    FaultKind.DELAY: (("us",), ("where",)),
-    FaultKind.GATE: ((), ("hold_us",)),
-    FaultKind.JITTER: (("us",), ("where", "seed")),
-    FaultKind.CHUNKED: (("chunks",), ("us",)),
-    FaultKind.SWEEP: (("points",), ("where",)),
-    FaultKind.PRESSURE: ((), ("gemm", "gemm_streams", "copy_mib", "copy", "process")),
-}
-_FAULT_HINTS = {
-    "us": "microseconds > 0",
-    "chunks": "an integer >= 2 (copies per layer)",
-    "points": "an array of delays in microseconds, like [0, 5, 20, 50, 200, 1000]",
-}
-
-
-def _delay_us(value: Any, key: str, allow_zero: bool = False) -> float:
-    us = _number(value, key)
-    if us == 0 and not allow_zero:
-        raise _Invalid(key, "must be > 0 microseconds, got 0")
-    if us > MAX_DELAY_US:
-        raise _Invalid(key, f"at most {MAX_DELAY_US:g} microseconds (10 s), got {us:g}")
-    return us
-
-
-def _points(value: Any, key: str) -> tuple[float, ...]:
-    if not isinstance(value, list):
-        raise _Invalid(key, f"expected {_FAULT_HINTS['points']}, got {_describe(value)}")
-    if not value:
-        raise _Invalid(key, f"an empty array; give at least one delay: {_FAULT_HINTS['points']}")
-    points = tuple(_delay_us(v, f"{key}[{i}]", allow_zero=True) for i, v in enumerate(value))
-    if len(set(points)) != len(points):
-        raise _Invalid(key, "the same delay appears twice")
-    return points
-
-
-MAX_GEMM = 32768  # a side of 32,768 is 6 GiB of bf16 operands a stream: more is a typo
-MIN_GEMM = 128  # below this a GEMM is launch overhead, not contention
-
-
-def _gemm(value: Any, key: str) -> int:
-    side = _integer(0, MAX_GEMM)(value, key)
-    if 0 < side < MIN_GEMM:
-        raise _Invalid(key, f"a GEMM side of {side} contends with nothing; give 0 (no GEMMs) or "
-                            f"{MIN_GEMM}-{MAX_GEMM}")
-    return side
-
-
-_FAULT_VALUES: dict[str, Parser] = {
-    "us": _delay_us,
-    "where": _DELAY_WHERE,
-    "seed": _integer(0),
-    "chunks": _integer(2, 64),
-    "points": _points,
-    "hold_us": _delay_us,
-    "gemm": _gemm,
-    "gemm_streams": _integer(1, 8),
-    "copy_mib": _integer(0, 8192),
-    "copy": _enum(CopyDirection),
-    "process": _enum(PressureProcess),
-}
+def _fault_kind(value: Any, key: str) -> FaultStrategy:
+    return FAULTS[_one_of(value, key, list(FAULTS))]
 
 
 def _fault(value: Any, key: str) -> Fault:
+    """A fault table: its kind's strategy (`harness.faults.registry`) says which keys it takes, checks
+    each, and builds the record."""
     table = _table(value, key)
-    _check_keys(table, ("kind", *_FAULT_VALUES), key)
-    kind = _FAULT_KIND(table["kind"], f"{key}.kind") if "kind" in table else FaultKind.NONE
-    required, optional = _FAULT_KEYS[kind]
+    _check_keys(table, ("kind", *fault_keys()), key)
+    strategy = _fault_kind(table["kind"], f"{key}.kind") if "kind" in table else fault_strategy(FaultKind.NONE)
+    kind = str(strategy.name)
+    own = {k.name: k for k in strategy.keys}
     for extra in table:
-        if extra != "kind" and extra not in required + optional:
-            users = [k.value for k, (r, o) in _FAULT_KEYS.items() if extra in r + o]
+        if extra != "kind" and extra not in own:
+            users = [name for name, s in FAULTS.items() if extra in {k.name for k in s.keys}]
             raise _Invalid(
                 f"{key}.{extra}",
-                f"{extra!r} does not apply to kind = {kind.value!r}; it is for kind "
+                f"{extra!r} does not apply to kind = {kind!r}; it is for kind "
                 f"{' / '.join(repr(u) for u in users)}",
             )
-    for name in required:
-        _require(table, name, key, f"kind = {kind.value!r} needs {name}: {_FAULT_HINTS[name]}")
-    values = {k: _FAULT_VALUES[k](v, f"{key}.{k}") for k, v in table.items() if k != "kind"}
-    if kind is FaultKind.CHUNKED:
-        values.setdefault("us", 50.0)
-    if kind is FaultKind.PRESSURE:
-        pressure = Pressure(**values)
-        if not pressure.gemm and not pressure.copy_mib:
-            raise _Invalid(f"{key}.gemm", "gemm = 0 and copy_mib = 0 leave nothing to contend with; "
-                                          "set one of them > 0")
-        return Fault(kind, pressure=pressure)
-    return Fault(kind, **values)
+    for k in strategy.keys:
+        if k.required:
+            _require(table, k.name, key, f"kind = {kind!r} needs {k.name}: {k.hint}")
+    values = {name: own[name].parse(v, f"{key}.{name}") for name, v in table.items() if name != "kind"}
+    return strategy.build(values, key)
 
 
 def _engine(value: Any, key: str) -> str:

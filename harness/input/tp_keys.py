@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.faults.registry import fault_strategy
 from harness.records.ranks import TP_SIZES, split_problem
-from harness.records.scenario import FaultKind
 
 
 class KeyProblem(Exception):
@@ -87,7 +87,7 @@ def check_tp(values: dict[str, Any], prefix: str) -> None:
         raise KeyProblem(f"{prefix}.tp", "tp > 1 runs the harness's own model on each rank; "
                                         "an engine scenario runs on one rank (leave tp out)")
     fault = values.get("fault")
-    if fault is not None and fault.kind is FaultKind.SWEEP:
+    if fault is not None and fault_strategy(fault).sweeps:
         raise KeyProblem(f"{prefix}.tp", "a sweep runs on one rank (tp = 1); give the delay as a fault of kind "
                                         "'delay' on the ranks it is for")
 

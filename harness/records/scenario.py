@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -31,6 +32,10 @@ class Backend(NamedEnum):
 
 
 class FaultKind(NamedEnum):
+    """The built-in faults' names. What each one does is its strategy's (`harness.faults`, one
+    module a fault); `harness.faults.registry.FAULTS` holds every fault by name, these and any a
+    project registers, and `Fault.kind` is one of its names."""
+
     NONE = "none"
     DELAY = "delay"  # a spin on the load stream before layer copies
     GATE = "gate"  # the load stream held until the host releases it, after the replay ran
@@ -185,15 +190,22 @@ class Pressure:
         return f"{self.load_text()}, {self.process.value} process"
 
 
+# How each fault kind reads in words: its strategy's `describe`, filled in by `harness.faults.registry`
+# as it registers each strategy (the records import no layer above their own; `import harness`
+# registers the built-in faults).
+FAULT_TEXT: dict[str, Callable[[Fault], str]] = {}
+
+
 @dataclass(frozen=True)
 class Fault:
-    """What the injector does to the load stream; see `harness.faults.plan` for the mechanics.
+    """What the injector does to the load stream: the fault's name (`kind`) and its settings. What
+    each kind does with them is its strategy's (`harness.faults`); a kind uses the fields it needs.
 
     us: the delay (delay, each sweep point), the largest random delay (jitter) or
     the gap before each chunk after a layer's first (chunked).
     """
 
-    kind: FaultKind = FaultKind.NONE
+    kind: str = FaultKind.NONE  # a name in harness.faults.registry.FAULTS
     us: float = 0.0
     where: DelayWhere = DelayWhere.EACH  # delay, jitter, sweep: before every layer or layer 0 only
     chunks: int = 1  # chunked: copies per layer
@@ -203,20 +215,10 @@ class Fault:
     pressure: Pressure | None = None  # pressure: the contention's intensity (None for other kinds)
 
     def describe(self) -> str:
-        k = self.kind
-        if k is FaultKind.NONE:
-            return "none"
-        if k is FaultKind.DELAY:
-            return f"delay {self.us:g}us {self.where.value}"
-        if k is FaultKind.GATE:
-            return f"gate (hold {self.hold_us:g}us)"
-        if k is FaultKind.JITTER:
-            return f"jitter 0-{self.us:g}us {self.where.value} seed {self.seed}"
-        if k is FaultKind.CHUNKED:
-            return f"chunked x{self.chunks} gap {self.us:g}us"
-        if k is FaultKind.PRESSURE:
-            return f"pressure ({(self.pressure or Pressure()).describe()})"
-        return f"sweep {','.join(f'{p:g}' for p in self.points)}us {self.where.value}"
+        """The fault in words, as its strategy says it ("delay 1000us each"); its name alone for a
+        kind no strategy has registered."""
+        text = FAULT_TEXT.get(self.kind)
+        return text(self) if text is not None else str(self.kind)
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,12 @@ from harness.devices.base import Device, Gate, collector_paused, freeze_startup_
 from harness.devices.collective import current_group
 from harness.faults.contention import Contention, contention
 from harness.faults.plan import sweep_points
+from harness.faults.registry import fault_strategy
 from harness.model.runners import Runner
 from harness.records.errors import GraphMismatch, HarnessError
 from harness.records.ranks import CrossRank
 from harness.records.rates import Rate, Until
-from harness.records.scenario import Expect, FaultKind, Scenario
+from harness.records.scenario import Expect, Scenario
 from harness.records.trace import Span, Trace
 from harness.run.oracle import Oracle, ReplayVerdict, Tally
 from harness.run.replay import Replayer, armed, open_gate
@@ -164,6 +165,7 @@ def run_scenario(
         replay = Replayer(tb, runner, timeout_s, gate, oracle)  # it captures the harness's own graphs
         result.fault_mode = pressure.ready() or result.fault_mode  # every graph captured: contend from here
         points = sweep_points(fault)
+        sweeps = fault_strategy(fault).sweeps  # each point's tally kept apart
         n = replays or scenario.replays
 
         # One extra replay, traced and not counted: tracing costs host time, and host
@@ -196,7 +198,7 @@ def run_scenario(
                             point.tally.add(verdict)
                             if on_replay:
                                 on_replay(i, verdict)
-                    if fault.kind is FaultKind.SWEEP:
+                    if sweeps:
                         result.sweep.append(point)
         finally:
             result.replay_s = time.perf_counter() - t1

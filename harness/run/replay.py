@@ -40,7 +40,8 @@ from typing import Any
 import torch
 
 from harness.devices.base import Device, Event, Gate, Graph, Stream
-from harness.faults.plan import FaultPlan, gate_fallback
+from harness.faults.plan import FaultPlan
+from harness.faults.registry import fault_strategy
 from harness.model.runners import EagerRunner, Runner
 from harness.protocol.accessors import per_layer
 from harness.protocol.fences import FenceContext
@@ -52,7 +53,7 @@ from harness.records.errors import (
     PluginError,
     ReplayTimeout,
 )
-from harness.records.scenario import Fault, FaultKind, Pace
+from harness.records.scenario import Fault, Pace
 from harness.run.oracle import Oracle, ReplayVerdict
 from harness.run.testbed import Testbed
 
@@ -123,14 +124,15 @@ def ground_truth(tb: Testbed, timeout_s: float) -> Oracle:
 def open_gate(tb: Testbed, timeout_s: float) -> tuple[Gate | None, Fault, str | None]:
     """The gate a gate fault needs, or the long delay that stands in for it, and which."""
     fault = tb.scenario.fault
-    if fault.kind is not FaultKind.GATE:
+    strategy = fault_strategy(fault)
+    if not strategy.gates:
         return None, fault, None
     try:
         # The watchdog fires well inside the replay timeout, so a stuck gate is
         # reported as itself and not as a hung replay.
         gate = tb.dev.gate(timeout_s / 2)
     except GateUnavailable as e:
-        stand_in = gate_fallback()
+        stand_in = strategy.stand_in(fault)
         return None, stand_in, f"{stand_in.describe()} (gate fallback: {e})"
     return gate, fault, f"gate ({gate.mode})"
 

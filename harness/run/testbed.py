@@ -11,6 +11,7 @@ from harness.devices.collective import current_group
 from harness.engines import load_engine
 from harness.engines.engine import EngineLoader
 from harness.faults.plan import FaultPlan
+from harness.faults.registry import fault_strategy
 from harness.input.plugins import Kind, for_scenario, resolve
 from harness.model.runners import Runner, make_runner
 from harness.model.stack import HybridModel
@@ -25,7 +26,7 @@ from harness.protocol.pools import HostPool, HybridPool
 from harness.protocol.schedules import LayerListener, LoadOp, LoadStarter, Schedule, layerwise, start_loading
 from harness.protocol.writeback import HostBackup, WriteBack, transfer_policy
 from harness.records.errors import ReplayTimeout
-from harness.records.scenario import Backend, FaultKind, Scenario
+from harness.records.scenario import Backend, Scenario
 
 
 class Testbed:
@@ -65,7 +66,7 @@ class Testbed:
         self.forward = dev.Stream("forward")
         self.load = self.engine_load.stream if self.engine_load is not None else dev.Stream("load")
         self.ran = dev.Event()  # recorded after the forward, when a gate waits for it
-        chunks = s.fault.chunks if s.fault.kind is FaultKind.CHUNKED else 1
+        chunks = fault_strategy(s.fault).chunks(s.fault)
         # Built once: the replay loop only enqueues (host time there shifts the race window).
         self.copies = plan_copies(layout, self.host, self.pool, chunks)
         self.listeners: list[LayerListener] = []  # called as each load op completes a layer
@@ -103,7 +104,8 @@ class Testbed:
         """This batch's own load op, with the engine's schedule, one copy per layer and nothing
         listening per layer: the engine's load chain runs it (anything else is the harness's)."""
         return (self.engine_load is not None and copies is None and (schedule or self.schedule) is layerwise
-                and not self.listeners and not self.starters and self.scenario.fault.kind is not FaultKind.CHUNKED)
+                and not self.listeners and not self.starters
+                and not fault_strategy(self.scenario.fault).splits_copies)
 
     def _wait_for_free_slot(self) -> None:
         """Block the host until the ring slot the next load op takes has finished its last load.

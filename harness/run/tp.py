@@ -35,8 +35,9 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from harness.faults.registry import fault_strategy
 from harness.records.ranks import CrossRank, RankReplay, RankTally, cross_rank
-from harness.records.scenario import Fault, FaultKind, Scenario
+from harness.records.scenario import Fault, Scenario
 from harness.records.trace import Span
 from harness.run.oracle import ReplayVerdict
 
@@ -56,7 +57,7 @@ def rank_view(scenario: Scenario, rank: int) -> Scenario:
     (elsewhere none)."""
     fault = scenario.fault
     if not on_rank(scenario.fault_ranks, rank):
-        fault = Fault(FaultKind.SWEEP, points=(0.0,) * len(fault.points)) if fault.kind is FaultKind.SWEEP else Fault()
+        fault = Fault(fault.kind, points=(0.0,) * len(fault.points)) if fault_strategy(fault).sweeps else Fault()
     fence = scenario.fence if on_rank(scenario.fence_ranks, rank) else "none"
     return scenario.with_overrides(fault=fault, fence=fence)
 

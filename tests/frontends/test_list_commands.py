@@ -8,12 +8,13 @@ import json
 import pytest
 
 from harness.engines import ENGINES
+from harness.faults.registry import FAULTS
 from harness.frontends import list_commands
 from harness.frontends.cli import main
 from harness.input.plugins import Kind, builtins
 from harness.input.scenario_file import default_files, load_files
 from harness.protocol.hazards import HAZARDS
-from harness.records.scenario import FaultKind, shown_path
+from harness.records.scenario import shown_path
 from tests.support.paths import DATA
 
 REGISTRIES = {
@@ -21,7 +22,7 @@ REGISTRIES = {
     "accessors": lambda: list(builtins(Kind.ACCESSOR)),
     "schedules": lambda: list(builtins(Kind.SCHEDULE)),
     "hazards": lambda: [h.value for h in HAZARDS],
-    "faults": lambda: [k.value for k in FaultKind],
+    "faults": lambda: list(FAULTS),
     "engines": lambda: list(ENGINES),
     "scenarios": lambda: [s.name for s in load_files(default_files())],
 }

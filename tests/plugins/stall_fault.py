@@ -1,0 +1,20 @@
+"""A fault of a project's own, in one module: importing it registers the `stall` fault."""
+
+from harness.faults.keys import US
+from harness.faults.registry import register_fault
+from harness.faults.strategy import FaultStrategy
+from harness.records.scenario import Fault
+
+
+@register_fault
+class Stall(FaultStrategy):
+    """A spin of `us` before layer 0's first copy only, whatever `where` says."""
+
+    name = "stall"
+    keys = (US.needed(),)
+
+    def describe(self, fault: Fault) -> str:
+        return f"stall {fault.us:g}us"
+
+    def pause_us(self, fault: Fault, replay: int, layer: int, chunk: int) -> float:
+        return fault.us if layer == 0 and chunk == 0 else 0.0
