@@ -55,7 +55,10 @@ from __future__ import annotations
 
 from harness.devices.base import Device, Event, Flags, Gate, Graph, Stream
 from harness.engines.engine import Adapter, Engine, EngineLoader
+from harness.faults.keys import CHUNKS, HOLD_US, POINTS, SEED, US, WHERE
 from harness.faults.plan import FaultPlan
+from harness.faults.registry import register_fault
+from harness.faults.strategy import FaultKey, FaultStrategy
 from harness.protocol.accessors import AccessorPolicy
 from harness.protocol.counter import LoadCounter, LoadEventSet
 from harness.protocol.fences import FenceContext, FenceFn, FenceSetup, Runner
@@ -64,7 +67,7 @@ from harness.protocol.loadback import CopyPlan, LayerCopy
 from harness.protocol.schedules import LayerListener, LoadOp, LoadStarter, Schedule, layerwise
 from harness.records.errors import ApiChanged, HarnessError, InputError, PluginError, ReplayTimeout
 from harness.records.plugin_api import API_VERSION
-from harness.records.scenario import Backend
+from harness.records.scenario import Backend, Fault
 from harness.records.trace import Pool, Region
 
 __all__ = [
@@ -76,6 +79,8 @@ __all__ = [
     "LoadStarter", "FaultPlan", "Layout", "layerwise",
     # accessors
     "AccessorPolicy",
+    # faults: a strategy, its keys (the shared ones: US, WHERE, SEED, CHUNKS, POINTS, HOLD_US), registered
+    "Fault", "FaultStrategy", "FaultKey", "register_fault", "US", "WHERE", "SEED", "CHUNKS", "POINTS", "HOLD_US",
     # the device
     "Device", "Stream", "Event", "Flags", "Gate", "Graph", "Region", "Pool",
     # engine adapters

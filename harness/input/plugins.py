@@ -99,8 +99,9 @@ def resolve(kind: Kind, name: str, source: str = "<inline>", key: str = "") -> C
     return _load_plugin(kind, name, source, key)
 
 
-def _load_plugin(kind: Kind, spec: str, source: str, key: str) -> Callable:
-    info = _INFO[kind]
+def import_spec(spec: str, source: str, key: str) -> Any:
+    """The object `package.module:name` names, its module imported (and its API version checked);
+    InputError(source, key, ...) when it cannot be had."""
     if not _SPEC_RE.fullmatch(spec):
         raise InputError(source, key, f"bad plugin path {spec!r}; expected 'package.module:callable'")
     module_name, _, attr = spec.partition(":")
@@ -117,11 +118,17 @@ def _load_plugin(kind: Kind, spec: str, source: str, key: str) -> Callable:
     why = version_mismatch(getattr(module, "HARNESS_API", None))
     if why is not None:
         raise InputError(source, key, f"plugin module {module_name!r} for {spec!r}: {why}")
-    fn: Any = module
+    found: Any = module
     for part in attr.split("."):
-        fn = getattr(fn, part, None)
-        if fn is None:
+        found = getattr(found, part, None)
+        if found is None:
             raise InputError(source, key, f"module {module_name!r} has no {attr!r} (from {spec!r})")
+    return found
+
+
+def _load_plugin(kind: Kind, spec: str, source: str, key: str) -> Callable:
+    info = _INFO[kind]
+    fn = import_spec(spec, source, key)
     if not callable(fn):
         raise InputError(source, key, f"{spec!r} is not callable; a {kind.value} is {info.signature}")
     if inspect.isclass(fn):

@@ -33,10 +33,10 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10
     import tomli as tomllib
 
-from harness.faults.registry import FAULTS, fault_keys, fault_strategy
+from harness.faults.registry import FAULTS, fault_keys, fault_strategy, register_fault
 from harness.faults.strategy import FaultStrategy
 from harness.input import tp_keys
-from harness.input.plugins import Kind, resolve
+from harness.input.plugins import Kind, import_spec, is_plugin, resolve
 from harness.records.errors import InputError
 from harness.records.releases import ReleaseExpectations
 from harness.records.scenario import (
@@ -300,15 +300,36 @@ def _request(value: Any, key: str) -> Request:
 
 
 def _fault_kind(value: Any, key: str) -> FaultStrategy:
+    if isinstance(value, str) and is_plugin(value):
+        return _fault_plugin(value, key)
     return FAULTS[_one_of(value, key, list(FAULTS))]
+
+
+def _fault_plugin(spec: str, key: str) -> FaultStrategy:
+    """A project's own fault named by path (`kind = "package.module:Class"`): its module imported,
+    the class registered under its own `name` (the record, the reports and `list` use that name)."""
+    try:
+        cls = import_spec(spec, "", key)
+    except InputError as e:
+        raise _Invalid(key, e.message) from None
+    if not (isinstance(cls, type) and issubclass(cls, FaultStrategy)):
+        raise _Invalid(key, f"{spec!r} is not a fault: a fault is a FaultStrategy subclass (harness.api)")
+    name = str(getattr(cls, "name", "") or "")
+    if not isinstance(FAULTS.get(name), cls):
+        try:
+            register_fault(cls)
+        except ValueError as e:
+            raise _Invalid(key, f"{spec!r}: {e}") from None
+    return FAULTS[name]
 
 
 def _fault(value: Any, key: str) -> Fault:
     """A fault table: its kind's strategy (`harness.faults.registry`) says which keys it takes, checks
     each, and builds the record."""
     table = _table(value, key)
-    _check_keys(table, ("kind", *fault_keys()), key)
     strategy = _fault_kind(table["kind"], f"{key}.kind") if "kind" in table else fault_strategy(FaultKind.NONE)
+    # After the kind: a fault named by path is registered, and so are its keys, once it is resolved.
+    _check_keys(table, ("kind", *fault_keys()), key)
     kind = str(strategy.name)
     own = {k.name: k for k in strategy.keys}
     for extra in table:

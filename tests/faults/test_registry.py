@@ -162,3 +162,30 @@ def test_an_unregistered_fault_is_gone_from_the_file_and_the_list(capsys):
         parse_text(TOML.format(fault='{ kind = "brief" }'), "own.toml")
     assert Fault("brief", 1.0).describe() == "brief"  # no strategy: its name
     assert Fault(FaultKind.DELAY, 5.0, DelayWhere.FIRST).describe() == "delay 5us first"
+
+
+def test_a_scenario_file_names_a_fault_of_its_own_by_path(monkeypatch):
+    # No import beforehand: the file's `kind = "module:Class"` imports and registers it, as a fence
+    # plugin's path does, so a project's fault is its one module and the file that uses it.
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    try:
+        (s,) = parse_text(TOML.format(fault='{ kind = "stall_fault:Stall", us = 300 }'), "own.toml")
+        assert s.fault == Fault("stall", 300.0) and FAULTS["stall"].describe(s.fault) == "stall 300us"
+        r = run_scenario(s, SimDevice(), replays=2)
+        assert r.error is None and r.met, r.verdict
+    finally:
+        unregister_fault("stall")
+        sys.modules.pop("stall_fault", None)
+
+
+@pytest.mark.parametrize(("kind", "says"), [
+    ("no_such_module:Stall", "cannot import 'no_such_module'"),
+    ("harness.api:Fault", "'harness.api:Fault' is not a fault: a fault is a FaultStrategy subclass"),
+    ("harness.api:NoSuchName", "module 'harness.api' has no 'NoSuchName'"),
+])
+def test_a_fault_path_that_names_no_fault_is_one_line(kind, says):
+    with pytest.raises(InputError) as info:
+        parse_text(TOML.format(fault=f'{{ kind = "{kind}", us = 5 }}'), "own.toml")
+    e = info.value
+    assert (e.source, e.key) == ("own.toml", "scenario[0].fault.kind") and says in e.message, e
+    assert "\n" not in str(e)

@@ -1,9 +1,6 @@
 """A fault of a project's own, in one module: importing it registers the `stall` fault."""
 
-from harness.faults.keys import US
-from harness.faults.registry import register_fault
-from harness.faults.strategy import FaultStrategy
-from harness.records.scenario import Fault
+from harness.api import US, Fault, FaultStrategy, register_fault
 
 
 @register_fault
