@@ -1,7 +1,7 @@
 # make test      lint (ruff), types (mypy), then the CPU suite (creates .venv on first use; torch
 #                pinned to the CPU build 2.13.0)
 # make test-engine  the engine adapter's tests, against an installed sglang 0.5.23 (own venv)
-# make engine-matrix the engine scenarios on sglang 0.5.20-0.5.23 and vllm 0.16.0, 0.17.0, each release
+# make engine-matrix the engine scenarios on sglang 0.5.20-0.5.23 and vllm 0.13.0, 0.16.0, 0.17.0, each release
 #                in its own process
 # make test-vllm  the vLLM adapter's and connector-check's tests on each vLLM release (own venv)
 # make engine-pack   .engines/carry: releases 0.5.22 and 0.5.23 for a GPU host with no package index
@@ -67,7 +67,7 @@ ENGINES_DIR     ?= .engines
 # vLLM's (below): defined before engine-matrix, whose prerequisites expand as make reads them.
 VLLM_VENV     ?= .venv-vllm
 VLPY          := $(VLLM_VENV)/bin/python
-VLLM_RELEASES ?= 0.16.0,0.17.0
+VLLM_RELEASES ?= 0.13.0,0.16.0,0.17.0
 ENGINE_RELEASES ?= 0.5.20,0.5.21,0.5.22,0.5.23
 ENGINE_REPLAYS  ?= 10
 engine-matrix: $(ENGINE_VENV)/.installed $(VLLM_VENV)/.installed
@@ -77,7 +77,8 @@ engine-matrix: $(ENGINE_VENV)/.installed $(VLLM_VENV)/.installed
 		--device auto --replays $(ENGINE_REPLAYS) --out $(REPORTS)/engine-matrix
 
 # vLLM: the releases either side of vllm-project/vllm#31057 (requires_piecewise_for_cudagraph, and
-# VllmConfig's FULL-to-PIECEWISE downgrade for it, first in 0.17.0). Each installed once with
+# VllmConfig's FULL-to-PIECEWISE downgrade for it, first in 0.17.0), and 0.13.0, before #31341 (the
+# offloading store's wait on the compute stream, first in 0.14.0). Each installed once with
 # pip --no-deps --target $(ENGINES_DIR)/vllm-VERSION beside one venv: the CPU torch of `make test` and
 # the `.[vllm]` extra. Results: $(REPORTS)/engine-matrix/vllm-VERSION/results.json, merged in vllm/.
 
@@ -94,7 +95,8 @@ test-vllm: $(VLLM_VENV)/.installed
 		test -f $(ENGINES_DIR)/vllm-$$v/vllm/__init__.py || \
 			$(VLPY) -m pip install -q --no-deps --target $(ENGINES_DIR)/vllm-$$v vllm==$$v || exit 2; \
 		PYTHONPATH=$(ENGINES_DIR)/vllm-$$v $(VLPY) -m pytest -q -m "not gpu" -p no:cacheprovider \
-			tests/engines/test_vllm.py tests/frontends/test_connector_check.py || exit 1; \
+			tests/engines/test_vllm.py tests/engines/test_vllm_offload.py tests/frontends/test_connector_check.py \
+			|| exit 1; \
 	done
 
 # For a GPU host with no package index: .engines/carry holds each release's imported files, stubs

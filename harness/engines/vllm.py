@@ -37,11 +37,12 @@ from typing import TYPE_CHECKING, Any
 from harness.records.errors import InputError
 
 if TYPE_CHECKING:
-    from harness.devices.base import Device
+    from harness.devices.base import Device, Stream
     from harness.engines.engine import EngineLoader
     from harness.protocol.counter import LoadCounter
     from harness.protocol.layout import Layout
     from harness.protocol.pools import HostPool, HybridPool
+    from harness.protocol.writeback import HostBackup, WriteBack
 
 PLATFORMS = "vllm.platforms"
 PLATFORM = "vllm.platforms.interface"
@@ -51,6 +52,9 @@ CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.base"
 TRANSFER = "vllm.distributed.kv_transfer.kv_transfer_state"
 FORWARD = "vllm.forward_context"
 ATTENTION = "vllm.model_executor.layers.attention.attention"
+# Where a release keeps the attention layer's module: 0.16.0 on under `model_executor`, 0.13.0 and
+# 0.14.0 as `vllm.attention.layer`. The first that imports stands under ATTENTION's key.
+ATTENTION_AT = (ATTENTION, "vllm.attention.layer")
 
 NEEDED = {
     PLATFORMS: (),
@@ -100,6 +104,15 @@ class Vllm:
             raise TypeError(f"the connector loads into vLLM's KV caches, not {type(pools).__name__}")
         return VllmLoad(self, dev, layout, pools, host)
 
+    def writeback(self, dev: Device, layout: Layout, pools: HybridPool, forward: Stream,
+                  host: HostBackup) -> WriteBack:
+        """The write-back through vLLM's own CPU offloading worker and handlers
+        (`harness.engines.vllm_offload`): vLLM decides the stream and the waits of each store."""
+        from harness.engines import vllm_offload
+
+        self.modules.update(import_needed(self.version, vllm_offload.NEEDED))
+        return vllm_offload.VllmOffload(self, dev, layout, pools, forward, host)
+
     # ---- what the adapter's modules reach through it ------------------------------------------
     def module(self, name: str) -> Any:
         """One of `NEEDED`'s modules, imported and checked by `load()`."""
@@ -123,7 +136,7 @@ def load(source: str = "engine", key: str = "engine") -> Vllm:
     modules = {}
     for name in NEEDED:
         try:
-            modules[name] = importlib.import_module(name)
+            modules[name] = _import(name)
         except Exception as e:  # noqa: BLE001 - any import failure is the same answer
             raise InputError(source, key, f"vllm {version}: cannot import {name} ({type(e).__name__}: {e})") from None
     missing = [f"{mod.rsplit('.', 1)[-1]}.{attr}" for mod, attrs in NEEDED.items() for attr in attrs
@@ -131,6 +144,35 @@ def load(source: str = "engine", key: str = "engine") -> Vllm:
     if missing:
         raise InputError(source, key, f"vllm {version} has no {', '.join(missing)}; the adapter needs them")
     return Vllm(version, modules)
+
+
+def import_needed(version: str, needed: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+    """`needed`'s modules, each checked for its names; EngineContractBroken naming what is missing."""
+    from harness.records.errors import EngineContractBroken
+
+    modules = {}
+    for name, attrs in needed.items():
+        try:
+            modules[name] = _import(name)
+        except Exception as e:  # noqa: BLE001 - any import failure is the same answer
+            raise EngineContractBroken(f"vllm {version}: cannot import {name} ({type(e).__name__}: {e})") from None
+        missing = [a for a in attrs if lookup(modules[name], a) is None]
+        if missing:
+            raise EngineContractBroken(f"vllm {version}'s {name} has no {', '.join(missing)}")
+    return modules
+
+
+def _import(name: str) -> ModuleType:
+    """The module; for ATTENTION, the first of `ATTENTION_AT` the release has (a release without
+    the newer package fails with ModuleNotFoundError naming it, and the next place is tried)."""
+    places = ATTENTION_AT if name == ATTENTION else (name,)
+    for at in places[:-1]:
+        try:
+            return importlib.import_module(at)
+        except ModuleNotFoundError as e:
+            if not e.name or not at.startswith(e.name):
+                raise
+    return importlib.import_module(places[-1])
 
 
 def lookup(module: ModuleType, dotted: str) -> Any:

@@ -25,6 +25,7 @@ attention layers only.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -110,7 +111,11 @@ class VllmPools(HybridPool):
         if self.config is None:
             raise EngineContractBroken("the attention ran before the connector's VllmConfig was made")
         fc = self.engine.module(FORWARD)
-        return fc.set_forward_context(self.attn_metadata, self.config, slot_mapping=self.slot_mapping)
+        # The layers' slot mapping, where the release's set_forward_context takes one (0.16.0 on;
+        # 0.13.0 and 0.14.0 read the slots from the metadata alone).
+        if "slot_mapping" in inspect.signature(fc.set_forward_context).parameters:
+            return fc.set_forward_context(self.attn_metadata, self.config, slot_mapping=self.slot_mapping)
+        return fc.set_forward_context(self.attn_metadata, self.config)
 
     # ---- the accessor policies ---------------------------------------------------------------
     def set_waits(self, counter: LoadCounter, policies: Sequence[AccessorPolicy]) -> None:

@@ -54,12 +54,16 @@ class EngineReleases:
     results: str  # the merged results.json's folder under --out ("" : --out itself)
 
 
-# vLLM: the releases on either side of vllm-project/vllm#31057 (requires_piecewise_for_cudagraph and
-# VllmConfig's downgrade of FULL to PIECEWISE for it: first in 0.17.0).
+# vLLM: 0.13.0, before vllm-project/vllm#31341 (the offloading store's wait on the compute stream, first
+# in 0.14.0; scenarios/engine/vllm_offload.toml), and the releases on either side of #31057
+# (requires_piecewise_for_cudagraph and VllmConfig's downgrade of FULL to PIECEWISE for it: first in
+# 0.17.0; vllm.toml).
 MATRIX = {
     "sglang": EngineReleases("sglang", RELEASES, FILES, GPU_FILES, "", ""),
-    "vllm": EngineReleases("vllm", ("0.16.0", "0.17.0"), (ROOT / "scenarios" / "engine" / "vllm.toml",), (),
-                           "vllm-", "vllm"),
+    "vllm": EngineReleases("vllm", ("0.13.0", "0.16.0", "0.17.0"),
+                           (ROOT / "scenarios" / "engine" / "vllm.toml",
+                            ROOT / "scenarios" / "engine" / "vllm_offload.toml"),
+                           (), "vllm-", "vllm"),
 }
 # --small: the model dimensions the CPU computes in seconds (the layer pattern, batch and
 # fault are the scenario's own).

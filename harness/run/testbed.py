@@ -74,7 +74,11 @@ class Testbed:
         self.fence = for_scenario(resolve(Kind.FENCE, s.fence, s.source, "fence"))
         self.accessor: AccessorPolicy = for_scenario(resolve(Kind.ACCESSOR, s.accessor, s.source, "accessor"))
         targets = tuple(r for lid in range(n) for r in prefix_regions(layout, lid))
-        self.writeback = WriteBack(dev, layout, self.pool, self.forward, backup) if backup is not None else None
+        # The engine's own write-back where its adapter has one (vLLM's offloading worker), else the harness's.
+        engine_writeback = getattr(engine, "writeback", None)
+        self.writeback = (None if backup is None
+                          else engine_writeback(dev, layout, self.pool, self.forward, backup) if engine_writeback
+                          else WriteBack(dev, layout, self.pool, self.forward, backup))
         self.bed = HazardBed(dev, layout, self.pool, self.copies, targets, s.poison, s.seed, chunks, self.host,
                              self.load, transfer_policy(s.transfer), self.writeback, timeout_s,
                              self.model.probes.cow or None)

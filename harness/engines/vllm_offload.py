@@ -1,0 +1,270 @@
+"""vLLM's CPU offloading worker as the harness's write-back: the store-before-compute hazard through
+vLLM's own handler code.
+
+What runs as vLLM's code, on every release (`vllm/v1/kv_offload/worker/`):
+
+- `CpuGpuOffloadingHandlers(gpu_block_size, cpu_block_size, num_cpu_blocks, gpu_caches,
+  attn_backends)` (`cpu_gpu.py`): reads each KV cache's layout from its attention backend's
+  `get_kv_cache_shape`, allocates the CPU tensors and builds both `SingleDirectionOffloadingHandler`s;
+- `OffloadingWorker` (`worker.py`): `register_handler(GPULoadStoreSpec, CPULoadStoreSpec, ...)` and
+  the reverse, then per request `transfer_async(job_id, (GPULoadStoreSpec(slots),
+  CPULoadStoreSpec(rows)))`, which picks the handler, and `get_finished()`, the host's poll;
+- `SingleDirectionOffloadingHandler.transfer_async`: the block mapping (`expand_block_ids`), the
+  stream it takes from its pool or makes, the waits it enqueues (on the previous transfer's end
+  event, and from 0.14.0 on, vllm-project/vllm#31341, `stream.wait_stream(torch.cuda.current_stream())`
+  for a GPU-to-CPU store), its start and end events, the copies per KV tensor.
+
+What the harness supplies, patched into the handler module (`cpu_gpu`) only while one of vLLM's
+calls runs (construction, `transfer_async`, `get_finished`):
+
+- `ops.swap_blocks` (compiled, `torch.ops._C_cache_ops`): each run of consecutive block pairs of
+  the mapping is one harness copy (`dev.copy_to_host` for a store, with the device region it reads
+  and the host rows it writes; `dev.copy_async` for a load), on the stream vLLM made current;
+- `torch.cuda.Stream`, `torch.cuda.current_stream`, `torch.cuda.stream` and `torch.Event`: the
+  harness device's streams and events (real CUDA ones on a GPU, the simulator's on the CPU), with
+  `elapsed_time` answering 0 (the transfer statistics only);
+- `torch.zeros` for the CPU tensors: views of the harness's host copy (`HostBackup`, re-laid as one
+  `[2, layers, tokens, heads, head_dim]` buffer, so each layer's CPU tensor is vLLM's
+  `[2, blocks, block, heads, head_dim]`), so what vLLM's copies write is what the probes observe;
+- the device caches as vLLM sees them: the harness's pool tensors viewed as
+  `[2, slots, 1, kv_heads, head_dim]` (vLLM's K/V-split layout, a block of one slot) and, on the
+  simulator, typed as device memory (`is_cuda`: the handler's GPU-to-CPU test); their layout's
+  backend: a subclass of the handler module's own `AttentionBackend` whose `get_kv_cache_shape` is
+  `(2, num_blocks, block_size, num_kv_heads, head_size)` (vLLM's FlashAttention layout; its stride
+  order is the base class's, not implemented: identity).
+
+The connector's scheduling is the harness's: the store of the batch's new tokens (one job per
+request, GPU blocks the request's new slots, CPU blocks its rows in batch order) is submitted right
+after the forward is enqueued, with the forward stream current, as `OffloadingConnectorWorker`
+submits it on the compute stream (before #31341 from `wait_for_save` at the end of the step, after
+it at the start of the next step: both on the compute stream, host-ordered after the forward).
+
+`no_write_fence` (the teeth): the same calls, with `torch.cuda.current_stream()` as the handler sees
+it answering a stream of its own that nothing runs on, so every wait vLLM enqueues on the compute
+stream orders nothing (whatever release, without naming the fix).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from harness.devices.base import Device, Event, Gate, Stream, dtype_of
+from harness.faults.plan import FaultPlan
+from harness.protocol.layout import Layout
+from harness.protocol.pools import HybridPool
+from harness.protocol.writeback import HostBackup, TransferPolicy, WriteBack, WriteOp
+from harness.records.errors import EngineContractBroken
+from harness.records.trace import Pool, Region
+
+_Stream = Stream  # `_Cuda.Stream` shadows the class inside it
+
+CPU_GPU = "vllm.v1.kv_offload.worker.cpu_gpu"
+WORKER = "vllm.v1.kv_offload.worker.worker"
+MEDIUMS = "vllm.v1.kv_offload.mediums"
+NEEDED = {
+    CPU_GPU: ("CpuGpuOffloadingHandlers", "AttentionBackend", "ops", "torch"),
+    WORKER: ("OffloadingWorker.register_handler", "OffloadingWorker.transfer_async",
+             "OffloadingWorker.get_finished"),
+    MEDIUMS: ("GPULoadStoreSpec", "CPULoadStoreSpec"),
+}
+
+
+class _DeviceMemory(torch.Tensor):
+    """The simulator's device memory as vLLM's handler tests it (`tensor.is_cuda`)."""
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    return t.as_subclass(torch.Tensor) if isinstance(t, _DeviceMemory) else t
+
+
+class _Cuda:
+    """`torch.cuda` as the handler module reaches it: the harness device's streams."""
+
+    def __init__(self, offload: VllmOffload):
+        self._o = offload
+
+    def Stream(self, *args: Any, **kwargs: Any) -> Stream:  # noqa: N802 - torch.cuda.Stream
+        o = self._o
+        s = o.dev.Stream(f"offload-{len(o.streams)}")
+        o.streams.append(s)
+        return s
+
+    def current_stream(self, *args: Any) -> _Stream:
+        o = self._o
+        return o.dev.current_stream() if o.waits_on_compute else o.idle
+
+    @contextlib.contextmanager
+    def stream(self, s: _Stream) -> Iterator[None]:
+        self._o.last_stream = s
+        with self._o.dev.stream(s):
+            yield
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.cuda, name)
+
+
+class _Torch:
+    """`torch` as the handler module reaches it: the harness's streams, events and host memory,
+    every other name torch's own."""
+
+    def __init__(self, offload: VllmOffload):
+        self._o = offload
+        self.cuda = _Cuda(offload)
+
+    def Event(self, *args: Any, **kwargs: Any) -> Event:  # noqa: N802 - torch.Event
+        e = self._o.dev.Event()
+        e.elapsed_time = lambda other: 0.0  # type: ignore[attr-defined]  # the statistics only
+        return e
+
+    def zeros(self, shape: Sequence[int], *args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
+        if str(device) != "cpu":
+            return torch.zeros(shape, *args, device=device, **kwargs)
+        return self._o.next_host_tensor(tuple(shape))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
+class VllmOffload(WriteBack):
+    """The write-back of one scenario through vLLM's offloading worker (see the module's text)."""
+
+    def __init__(self, engine: Any, dev: Device, layout: Layout, pool: HybridPool, forward: Stream,
+                 host: HostBackup):
+        s = layout.shape
+        if s.mamba_layers:
+            raise EngineContractBroken("vLLM's offloading worker moves attention KV only; the model has Mamba layers")
+        names = getattr(pool, "names", None)
+        caches = getattr(pool, "caches", None)
+        if names is None or caches is None:
+            raise EngineContractBroken("vLLM's offloading worker copies vLLM's KV caches (the vLLM adapter's pools)")
+        # The host copy as one buffer, each layer's K/V pair a view vLLM's CPU tensor can be.
+        n_a, t = len(s.attention_layers), layout.total_new
+        buf = dev.empty_host((2, n_a, t, s.kv_heads, s.head_dim), dtype_of(s.dtype))
+        buf.zero_()
+        host.k, host.v = buf[0], buf[1]
+        super().__init__(dev, layout, pool, forward, host)
+        self.engine, self.layout, self.buf = engine, layout, buf
+        self.cpu_gpu = engine.module(CPU_GPU)
+        self.streams: list[Stream] = []  # the streams vLLM's handlers made
+        self.idle = dev.Stream("offload-nowait")  # the compute stream as `no_write_fence` shows it
+        self.waits_on_compute = True
+        self.last_stream: Stream | None = None
+        self._host_views = iter([buf[:, a].unsqueeze(2) for a in range(n_a)])
+        self._torch, self._ops = _Torch(self), SimpleNamespace(swap_blocks=self._swap_blocks)
+        # Where each tensor vLLM hands swap_blocks lives: (pool, layer, on the device).
+        self._where: dict[int, tuple[str, int, bool]] = {}
+        for lid in s.attention_layers:
+            cache = caches[names[lid]]
+            for i, p in enumerate((Pool.K, Pool.V)):
+                self._where[cache[i].data_ptr()] = (p, lid, True)
+                self._where[buf[i, pool.kv.layer_index[lid]].data_ptr()] = (p, lid, False)
+        layout_backend = self._layout_backend()
+        gpu_caches = {names[lid]: self._device_view(caches[names[lid]]) for lid in s.attention_layers}
+        with self._patched():
+            self.handlers = self.cpu_gpu.CpuGpuOffloadingHandlers(
+                gpu_block_size=1, cpu_block_size=1, num_cpu_blocks=t, gpu_caches=gpu_caches,
+                attn_backends={name: layout_backend for name in gpu_caches})
+        worker, mediums = engine.module(WORKER), engine.module(MEDIUMS)
+        self.worker = worker.OffloadingWorker()
+        self.gpu_spec, self.cpu_spec = mediums.GPULoadStoreSpec, mediums.CPULoadStoreSpec
+        self.worker.register_handler(self.gpu_spec, self.cpu_spec, self.handlers.gpu_to_cpu_handler)
+        self.worker.register_handler(self.cpu_spec, self.gpu_spec, self.handlers.cpu_to_gpu_handler)
+        self.jobs = itertools.count()
+        self.copies = 0
+
+    def _layout_backend(self) -> type:
+        def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+                               *args: Any, **kwargs: Any) -> tuple[int, ...]:
+            return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+        return type("HarnessKVLayout", (self.cpu_gpu.AttentionBackend,),
+                    {"get_kv_cache_shape": staticmethod(get_kv_cache_shape)})
+
+    @staticmethod
+    def _device_view(cache: torch.Tensor) -> torch.Tensor:
+        view = cache.unsqueeze(2)  # [2, slots, kv_heads, head_dim] -> [2, blocks, 1, kv_heads, head_dim]
+        return view if view.is_cuda else view.as_subclass(_DeviceMemory)
+
+    def next_host_tensor(self, shape: tuple[int, ...]) -> torch.Tensor:
+        view = next(self._host_views, None)
+        if view is None or tuple(view.shape) != shape:
+            raise EngineContractBroken(f"vLLM's offloading handlers asked for a CPU tensor of shape {shape}, not the "
+                                       "harness's host copy of one layer")
+        return view
+
+    @contextlib.contextmanager
+    def _patched(self) -> Iterator[None]:
+        m = self.cpu_gpu
+        saved = m.torch, m.ops
+        m.torch, m.ops = self._torch, self._ops
+        try:
+            yield
+        finally:
+            m.torch, m.ops = saved
+
+    # ---- the copy primitive ------------------------------------------------------------------
+    def _swap_blocks(self, src: torch.Tensor, dst: torch.Tensor, *args: Any) -> None:
+        """`ops.swap_blocks(src, dst, [block_size_in_bytes,] block_mapping)`: each run of consecutive
+        (src, dst) block pairs is one copy on the current stream."""
+        mapping = args[-1].tolist()
+        try:
+            sp, slid, s_dev = self._where[src.data_ptr()]
+            dp, dlid, d_dev = self._where[dst.data_ptr()]
+        except KeyError:
+            raise EngineContractBroken("vLLM's swap_blocks was handed a tensor the harness did not register") from None
+        if (sp, slid) != (dp, dlid) or s_dev == d_dev:
+            raise EngineContractBroken(f"vLLM's swap_blocks copies {sp} L{slid} to {dp} L{dlid}")
+        s, d = _plain(src), _plain(dst)
+        for s0, d0, n in _runs(mapping):
+            dev_rows, host_rows = (s0, d0) if s_dev else (d0, s0)
+            region = Region(sp, slid, dev_rows, dev_rows + n)
+            host_region = Region(Pool.on_host(self.host.name, sp), slid, host_rows, host_rows + n)
+            if s_dev:
+                self.dev.copy_to_host(d[d0 : d0 + n], s[s0 : s0 + n], region, host_region)
+            else:
+                self.dev.copy_async(d[d0 : d0 + n], s[s0 : s0 + n], region, host_region)
+            self.copies += 1
+
+    # ---- the write-back ----------------------------------------------------------------------
+    def write(self, fault: FaultPlan, policy: TransferPolicy, gate: Gate | None = None) -> WriteOp:
+        """The batch's store through vLLM's worker, on the current (forward) stream."""
+        if gate is not None or fault.pause_us(0) > 0:
+            raise EngineContractBroken("vLLM's offloading store runs with no fault of its own "
+                                       "(the hazard store_before_compute)")
+        self.waits_on_compute = policy.write_fence
+        start = self.dev.Event()
+        start.record()
+        with self._patched():
+            self.worker.get_finished()  # the host's poll: finished transfers give their streams back
+            self.last_stream = None
+            for r in self.layout.requests:
+                spec = (self.gpu_spec(list(r.new)), self.cpu_spec(list(r.tokens)))
+                if not self.worker.transfer_async(next(self.jobs), spec):
+                    raise EngineContractBroken("vLLM's offloading worker refused a store")
+        if self.last_stream is None:
+            raise EngineContractBroken("vLLM's offloading handler enqueued its store on no stream of its own")
+        finish = self.dev.Event()
+        finish.record(self.last_stream)  # after the last transfer's end event, on its stream
+        return WriteOp(self.dev, start, start, finish, policy)
+
+
+def _runs(mapping: list[list[int]]) -> Iterator[tuple[int, int, int]]:
+    """(src, dst, count) for each run of consecutive pairs of a block mapping."""
+    i = 0
+    while i < len(mapping):
+        s0, d0 = mapping[i]
+        n = 1
+        while i + n < len(mapping) and mapping[i + n] == [s0 + n, d0 + n]:
+            n += 1
+        yield s0, d0, n
+        i += n

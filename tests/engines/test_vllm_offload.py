@@ -1,0 +1,107 @@
+"""vLLM's CPU offloading worker as the write-back, against an installed vllm, on the CPU simulator
+(`make test-vllm` runs it on 0.13.0, 0.16.0 and 0.17.0; one release in process:
+`PYTHONPATH=.engines/vllm-0.13.0`).
+
+The store's stream and its waits are vLLM's own (`SingleDirectionOffloadingHandler.transfer_async`);
+the harness supplies the block copy, the streams and events, and the host memory. Every scenario of
+scenarios/engine/vllm_offload.toml must meet its expectation on the installed release; removing
+vLLM's wait on the compute stream must turn a clean release into a race (teeth).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import pytest
+
+pytest.importorskip("vllm", reason="vllm is not importable here; `make test-vllm` installs 0.13.0, 0.16.0 and "
+                                   "0.17.0 (run with PYTHONPATH=.engines/vllm-0.13.0)")
+try:
+    importlib.import_module("vllm.v1.kv_offload.worker.cpu_gpu")
+except ImportError as e:  # the release has no offloading worker, or its import chain lacks a package
+    pytest.skip(f"vLLM's offloading worker is not importable here ({e}); the .[vllm] extra has its imports",
+                allow_module_level=True)
+
+from harness.devices.sim import SimDevice  # noqa: E402
+from harness.engines import vllm_offload  # noqa: E402
+from harness.input.scenario_file import SCENARIO_DIR, load_file  # noqa: E402
+from harness.records.scenario import Expect  # noqa: E402
+from harness.run.pipeline import run_scenario  # noqa: E402
+from harness.run.testbed import Testbed  # noqa: E402
+
+FILE = SCENARIO_DIR / "engine" / "vllm_offload.toml"
+
+
+def small(s):
+    return s.with_overrides(model=dataclasses.replace(s.model, hidden=64, heads=2, kv_heads=1, head_dim=32))
+
+
+SCENARIOS = [small(s) for s in load_file(FILE)]
+BY_NAME = {s.name: s for s in SCENARIOS}
+HANDLER = importlib.import_module(vllm_offload.CPU_GPU).SingleDirectionOffloadingHandler
+
+
+def vllm_offload_fault():
+    from harness.records.scenario import Fault
+
+    return Fault()
+
+
+def test_the_store_goes_through_vllms_worker_and_handler():
+    b = Testbed(BY_NAME["vllm.offload-store.gate"], SimDevice())
+    wb = b.writeback
+    assert isinstance(wb, vllm_offload.VllmOffload)
+    assert isinstance(wb.handlers.gpu_to_cpu_handler, HANDLER)
+    # vLLM's handler took the harness's device views as GPU memory and the host copy as its CPU tensors.
+    assert wb.handlers.gpu_to_cpu_handler.src_tensors[0].is_cuda
+    with b.dev.stream(b.forward):
+        op = wb.write(vllm_offload.FaultPlan(vllm_offload_fault()), b.bed.transfer)
+    b.dev.synchronize()
+    assert op.finish_event.query()
+    # one copy per request, per K and V, per layer: the mapping's runs are each request's new slots
+    assert wb.copies == len(b.layout.requests) * 2 * 4
+    assert wb.streams, "vLLM's handler made the store's stream itself"
+    assert b.forward not in wb.streams
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_every_offload_scenario_meets_its_expectation_on_this_release(scenario):
+    r = run_scenario(scenario, SimDevice(), replays=3)
+    assert r.error is None, r.error
+    assert r.observed is scenario.expect, (scenario.name, r.observed, r.tally.stale_replays)
+    if scenario.expect is Expect.RACE:
+        assert r.tally.stale_replays == 3 and r.findings, scenario.name
+
+
+def test_a_release_with_the_wait_is_clean_and_races_without_it(monkeypatch):
+    """The teeth: vLLM's wait on the compute stream removed by patching its handler's module (the
+    compute stream as the handler sees it is idle); a release that was clean must race."""
+    scenario = BY_NAME["vllm.offload-store.gate"]
+    if scenario.expect is not Expect.CLEAN:
+        pytest.skip("this release has no wait on the compute stream to remove (before vllm-project/vllm#31341)")
+    assert run_scenario(scenario, SimDevice(), replays=3).observed is Expect.CLEAN
+    monkeypatch.setattr(vllm_offload._Cuda, "current_stream", lambda self, *a: self._o.idle)
+    r = run_scenario(scenario, SimDevice(), replays=3)
+    assert r.observed is Expect.RACE and r.tally.stale_replays == 3
+
+
+def test_a_release_before_the_fix_enqueues_no_wait_on_the_compute_stream():
+    scenario = BY_NAME["vllm.offload-store.gate"]
+    calls = []
+    b = Testbed(scenario, SimDevice())
+    wb = b.writeback
+    assert isinstance(wb, vllm_offload.VllmOffload)
+    real = vllm_offload._Cuda.current_stream
+
+    def noted(self, *a):
+        calls.append(1)
+        return real(self, *a)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(vllm_offload._Cuda, "current_stream", noted)
+        with b.dev.stream(b.forward):
+            wb.write(vllm_offload.FaultPlan(vllm_offload_fault()), b.bed.transfer)
+    b.dev.synchronize()
+    # The handler asks for the compute stream exactly where it waits on it (#31341), never before it.
+    assert bool(calls) == (scenario.expect is Expect.CLEAN)
