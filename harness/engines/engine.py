@@ -7,9 +7,13 @@ counter, its pools, its load chain) stands where the harness's own would.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import importlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
+
+from harness.records.errors import InputError
 
 if TYPE_CHECKING:
     from harness.devices.base import Device, Gate, Stream
@@ -51,3 +55,38 @@ class Engine:
     # load(source, key): the adapter, or InputError(source, key, ...) when the engine is not usable
     load: Callable[[str, str], Adapter]
     fences: dict[str, FenceFn | Callable[[], object]]  # fence name -> fence(ctx) or a strategy's maker
+
+
+def import_engine(package: str, needed: Mapping[str, Sequence[str]], install: str, source: str = "engine",
+                  key: str = "engine", importer: Callable[[str], ModuleType] = importlib.import_module,
+                  ) -> tuple[str, dict[str, ModuleType]]:
+    """An engine's version and the modules its adapter needs (`needed`: module -> the dotted names it
+    must have), each imported and checked; InputError (exit 2) naming what is missing or broken."""
+    try:
+        top = importlib.import_module(package)
+    except ImportError as e:
+        raise InputError(source, key,
+                         f"engine {package!r} is not importable here ({e}); install it: {install}") from None
+    version = getattr(top, "__version__", "unknown")
+    modules = {}
+    for name in needed:
+        try:
+            modules[name] = importer(name)
+        except Exception as e:  # noqa: BLE001 - any import failure is the same answer
+            raise InputError(source, key,
+                             f"{package} {version}: cannot import {name} ({type(e).__name__}: {e})") from None
+    missing = [f"{mod.rsplit('.', 1)[-1]}.{attr}" for mod, attrs in needed.items() for attr in attrs
+               if lookup(modules[mod], attr) is None]
+    if missing:
+        raise InputError(source, key, f"{package} {version} has no {', '.join(missing)}; the adapter needs them")
+    return version, modules
+
+
+def lookup(module: ModuleType, dotted: str) -> object | None:
+    """`module`'s attribute at a dotted path (`Class.method`), or None where any part is missing."""
+    obj: object = module
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj

@@ -28,12 +28,10 @@ refuses to run with one line naming what is missing and the version found.
 from __future__ import annotations
 
 import functools
-import importlib
 from dataclasses import dataclass
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from harness.records.errors import InputError
+from harness.engines.engine import import_engine
 
 if TYPE_CHECKING:
     from harness.devices.base import Device
@@ -162,28 +160,6 @@ class DeviceModule:
 @functools.lru_cache(maxsize=1)
 def load(source: str = "engine", key: str = "engine") -> Sglang:
     """Import the engine and check every name the adapter needs; InputError (exit 2) if not."""
-    try:
-        import sglang
-    except ImportError as e:
-        raise InputError(source, key, f"engine 'sglang' is not importable here ({e}); install it: {INSTALL}") from None
-    version = getattr(sglang, "__version__", "unknown")
-    modules = {}
-    for name in NEEDED:
-        try:
-            modules[name] = importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001 - any import failure is the same answer
-            raise InputError(source, key, f"sglang {version}: cannot import {name} ({type(e).__name__}: {e})") from None
-    missing = [f"{mod.rsplit('.', 1)[-1]}.{attr}" for mod, attrs in NEEDED.items() for attr in attrs
-               if lookup(modules[mod], attr) is None]
-    if missing:
-        raise InputError(source, key, f"sglang {version} has no {', '.join(missing)}; the adapter needs them")
+    version, modules = import_engine("sglang", NEEDED, INSTALL, source, key)
     return Sglang(version, modules)
 
-
-def lookup(module: ModuleType, dotted: str):
-    obj: object = module
-    for part in dotted.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj

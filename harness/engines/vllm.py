@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from harness.records.errors import InputError
+from harness.engines.engine import import_engine, lookup
 
 if TYPE_CHECKING:
     from harness.devices.base import Device, Stream
@@ -128,21 +128,7 @@ class Vllm:
 @functools.lru_cache(maxsize=1)
 def load(source: str = "engine", key: str = "engine") -> Vllm:
     """Import the engine and check every name the adapter needs; InputError (exit 2) if not."""
-    try:
-        import vllm
-    except ImportError as e:
-        raise InputError(source, key, f"engine 'vllm' is not importable here ({e}); install it: {INSTALL}") from None
-    version = getattr(vllm, "__version__", "unknown")
-    modules = {}
-    for name in NEEDED:
-        try:
-            modules[name] = _import(name)
-        except Exception as e:  # noqa: BLE001 - any import failure is the same answer
-            raise InputError(source, key, f"vllm {version}: cannot import {name} ({type(e).__name__}: {e})") from None
-    missing = [f"{mod.rsplit('.', 1)[-1]}.{attr}" for mod, attrs in NEEDED.items() for attr in attrs
-               if lookup(modules[mod], attr) is None]
-    if missing:
-        raise InputError(source, key, f"vllm {version} has no {', '.join(missing)}; the adapter needs them")
+    version, modules = import_engine("vllm", NEEDED, INSTALL, source, key, importer=_import)
     return Vllm(version, modules)
 
 
@@ -174,14 +160,6 @@ def _import(name: str) -> ModuleType:
                 raise
     return importlib.import_module(places[-1])
 
-
-def lookup(module: ModuleType, dotted: str) -> Any:
-    obj: object = module
-    for part in dotted.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
 
 
 _platform: Any = None
