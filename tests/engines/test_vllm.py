@@ -12,8 +12,9 @@ import dataclasses
 
 import pytest
 
-pytest.importorskip("vllm", reason="vllm is not importable here; `make engine-matrix` installs 0.16.0 and 0.17.0 "
-                                   "(run with PYTHONPATH=.engines/vllm-0.17.0)")
+from tests.support.vllm_release import need
+
+need("vllm", "vllm is not importable here; `make test-vllm` installs each release (PYTHONPATH=.engines/vllm-VERSION)")
 
 from harness.devices.sim import SimDevice  # noqa: E402
 from harness.engines import vllm as adapter  # noqa: E402

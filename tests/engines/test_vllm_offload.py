@@ -15,13 +15,11 @@ import importlib
 
 import pytest
 
-pytest.importorskip("vllm", reason="vllm is not importable here; `make test-vllm` installs 0.13.0, 0.16.0 and "
-                                   "0.17.0 (run with PYTHONPATH=.engines/vllm-0.13.0)")
-try:
-    importlib.import_module("vllm.v1.kv_offload.worker.cpu_gpu")
-except ImportError as e:  # the release has no offloading worker, or its import chain lacks a package
-    pytest.skip(f"vLLM's offloading worker is not importable here ({e}); the .[vllm] extra has its imports",
-                allow_module_level=True)
+from tests.support.vllm_release import need
+
+need("vllm", "vllm is not importable here; `make test-vllm` installs each release (PYTHONPATH=.engines/vllm-VERSION)")
+need("vllm.v1.kv_offload.worker.cpu_gpu",
+     "vLLM's offloading worker is not importable here; the .[vllm] extra has its imports")
 
 from harness.devices.sim import SimDevice  # noqa: E402
 from harness.engines import vllm_offload  # noqa: E402

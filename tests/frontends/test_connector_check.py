@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("vllm", reason="vllm is not importable here; `make engine-matrix` installs 0.16.0 and 0.17.0 "
-                                   "(run with PYTHONPATH=.engines/vllm-0.17.0)")
+from tests.support.vllm_release import need
+
+need("vllm", "vllm is not importable here; `make test-vllm` installs each release (PYTHONPATH=.engines/vllm-VERSION)")
 
 from harness.engines import vllm as adapter  # noqa: E402
 from harness.frontends.cli import main  # noqa: E402
