@@ -37,6 +37,7 @@ from harness.protocol.counter import LoadCounter
 from harness.protocol.layout import Layout
 from harness.protocol.pools import HybridPool, KVPool, LayerTensors, MambaPool, _Waits
 from harness.records.errors import EngineContractBroken
+from harness.records.trace import Region
 
 MEMORY = "sglang.srt.mem_cache.memory_pool"
 MAMBA = "sglang.srt.configs.mamba_utils"
@@ -124,6 +125,7 @@ class EnginePools(HybridPool):
             self.kv_pool = construct(mp.MHATokenToKVPool, layer_num=len(attention), **kv_args)
             self.mamba = MambaPool(dev, layout)  # no Mamba layer reads it
         self.kv: KVPool = EngineKV(self.kv_pool, attention, self._waits)
+        self.engine_copies_on_write = self.req_pool is not None
 
     @property
     def engine_kv_pool(self) -> Any:
@@ -147,6 +149,44 @@ class EnginePools(HybridPool):
             self.req_pool.register_layer_transfer_counter(registered)
         self._waits.counter = self._counter
         self._waits.policies = tuple(p for p in self._policies if p is not per_layer)
+
+    def copy_on_write(self, dev: Device, src: torch.Tensor, dst: torch.Tensor, reads: Sequence[Region],
+                      writes: Sequence[Region], wait_layer: int | None = None) -> None:
+        """The engine's deferred Mamba copy-on-write: `HybridReqToTokenPool.copy_mamba_state(src,
+        dst)`, which `ModelRunner._maybe_execute_deferred_mamba_cow_and_clear` calls on the forward
+        stream for a pool without int8 checkpoints (the only kind HiCache takes), the slot ids
+        translated by the pool's own `translate_mamba_indices`.
+
+        The engine's code enqueues its wait (through the pool's registered `layer_transfer_counter`)
+        and calls `MambaPool.copy_from`; that copy, the engine's own, runs as one kernel on the
+        current stream that reads `reads` and writes `writes` (on the simulator at its virtual start,
+        as a kernel runs). With `wait_layer`, the counter's wait during the call is bound to that
+        layer's event instead of the one the engine asks for (transfer `cow_layer_wait`)."""
+        req_pool = self.req_pool
+        if req_pool is None:
+            raise EngineContractBroken("the engine's copy-on-write needs its hybrid pools (a model with Mamba layers)")
+        mamba_pool = req_pool.mamba_pool
+        copies = []
+
+        def copy_from(src_indices: torch.Tensor, dst_indices: torch.Tensor) -> None:
+            copies.append(1)
+            dev.launch(lambda: type(mamba_pool).copy_from(mamba_pool, src_indices, dst_indices), reads=reads,
+                       writes=writes, what="the engine's deferred Mamba copy-on-write (MambaPool.copy_from)")
+
+        counter = req_pool.layer_transfer_counter
+        rebind = wait_layer is not None and counter is not None
+        mamba_pool.copy_from = copy_from
+        if wait_layer is not None and counter is not None:
+            index = wait_layer - getattr(req_pool, "start_layer", 0)  # the counter's index, as the engine's
+            counter.wait_until = lambda threshold: type(counter).wait_until(counter, index)
+        try:
+            req_pool.copy_mamba_state(req_pool.translate_mamba_indices(src), req_pool.translate_mamba_indices(dst))
+        finally:
+            del mamba_pool.copy_from  # the class's own method again
+            if rebind:
+                del counter.wait_until
+        if len(copies) != 1:
+            raise EngineContractBroken(f"the engine's copy_mamba_state copied {len(copies)} times, not once")
 
     def mamba_layer_cache(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The hybrid pool's waiting Mamba accessor: the engine's `mamba2_layer_cache`."""

@@ -74,6 +74,7 @@ from harness.protocol.writeback import (
     plan_backup,
     plan_refill,
 )
+from harness.records.errors import EngineContractBroken
 from harness.records.scenario import Fault, Hazard
 from harness.records.trace import Pool, Region
 
@@ -328,7 +329,14 @@ class MambaCopyOnWrite(HazardStrategy):
     (`wait_for_hicache_load_complete`); without it (`cow_layer_wait`) it is ordered only by the
     first Mamba layer's event (the per-layer wait of the layer it reads first), so the later
     layers are copied half loaded. The request's slot is the probe arena's copy-on-write segment;
-    the forward itself is the scenario's (its fence orders it)."""
+    the forward itself is the scenario's (its fence orders it).
+
+    Where the pools have a copy-on-write of their own (`HybridPool.engine_copies_on_write`: an
+    engine's), the copy is theirs, with whatever wait their code enqueues: the restored slots are
+    copied into the pool's next free slots (the request's own: the scenario's `mamba_slots` must
+    hold them), poisoned before each load op, and those slots are then copied into the probe
+    arena on the same stream. Transfer `cow_layer_wait` binds the pools' wait to the first Mamba
+    layer's event; `engine` leaves it as their code has it."""
 
     copies_slots = True
     uses_transfer = True
@@ -337,20 +345,54 @@ class MambaCopyOnWrite(HazardStrategy):
         assert bed.cow is not None, "a copy-on-write hazard needs the probe arena's copy-on-write views"
         layout, pool, dest = bed.layout, bed.pool, bed.cow
         rows = layout.mamba_rows
-        self.reads = tuple(Region(p, lid, rows.start, rows.stop)
-                           for lid in layout.shape.mamba_layers for p in (Pool.CONV, Pool.SSM))
+        lids = layout.shape.mamba_layers
+        self.reads = tuple(Region(p, lid, rows.start, rows.stop) for lid in lids for p in (Pool.CONV, Pool.SSM))
+        self.engine = pool.engine_copies_on_write
+        if not self.engine:
+            def copy() -> None:
+                dest[Pool.CONV].copy_(pool.mamba.conv[:, rows])
+                dest[Pool.SSM].copy_(pool.mamba.ssm[:, rows])
 
-        def copy() -> None:
-            dest[Pool.CONV].copy_(pool.mamba.conv[:, rows])
-            dest[Pool.SSM].copy_(pool.mamba.ssm[:, rows])
+            self.copy = copy
+            return
+        own = slice(rows.stop, rows.stop + (rows.stop - rows.start))
+        if own.stop > layout.mamba_slots:
+            raise EngineContractBroken(
+                f"the pools' copy-on-write copies {own.stop - own.start} restored slots into the requests' own, "
+                f"slots {own.start}-{own.stop - 1}: the model needs mamba_slots >= {own.stop}, "
+                f"not {layout.mamba_slots}")
+        self.own = own
+        self.writes = tuple(Region(p, lid, own.start, own.stop) for lid in lids for p in (Pool.CONV, Pool.SSM))
+        device = pool.mamba.ssm.device
+        self.src = torch.arange(rows.start, rows.stop, dtype=torch.int64, device=device)
+        self.dst = torch.arange(own.start, own.stop, dtype=torch.int64, device=device)
 
-        self.copy = copy
+        def collect() -> None:
+            dest[Pool.CONV].copy_(pool.mamba.conv[:, own])
+            dest[Pool.SSM].copy_(pool.mamba.ssm[:, own])
+
+        def poison_own() -> None:
+            pool.mamba.conv[:, own].fill_(bed.poison)
+            pool.mamba.ssm[:, own].fill_(bed.poison)
+
+        self.collect, self.poison_own = collect, poison_own
+
+    def prepare(self, bed: HazardBed) -> None:
+        poison(bed)
+        if self.engine:  # a copy that never ran must not leave the last one's right data there
+            bed.dev.launch(self.poison_own, writes=self.writes, what="poison (the requests' own Mamba slots)")
 
     def before_forward(self, bed: HazardBed, op: LoadOp | None, truth: bool = False) -> None:
         if op is None:
             return  # no load pending: no restored slot to copy
         first = bed.layout.shape.mamba_layers[0]
-        if (ENGINE if truth else bed.transfer).cow_waits_load:
+        waits_load = (ENGINE if truth else bed.transfer).cow_waits_load
+        if self.engine:
+            bed.pool.copy_on_write(bed.dev, self.src, self.dst, self.reads, self.writes,
+                                   None if waits_load else first)
+            bed.dev.launch(self.collect, reads=self.writes, what="the requests' own Mamba slots, observed")
+            return
+        if waits_load:
             op.finish_event.wait(bed.dev.current_stream())
         else:
             op.load_events[first].wait(bed.dev.current_stream())

@@ -18,6 +18,7 @@ from harness.devices.base import Device, dtype_of
 from harness.protocol.accessors import AccessorPolicy
 from harness.protocol.counter import LoadCounter
 from harness.protocol.layout import Layout
+from harness.records.trace import Region
 
 
 class _Waits:
@@ -110,6 +111,10 @@ class MambaPool:
 class HybridPool:
     """What the model sees: KV accessors and the hybrid (waiting) Mamba accessor."""
 
+    # Whether the pools have a deferred Mamba copy-on-write of their own (`copy_on_write`):
+    # an engine's pools may (`harness.engines.sglang_pools`); the harness's have none.
+    engine_copies_on_write = False
+
     def __init__(self, dev: Device, layout: Layout):
         self._waits = _Waits()
         self.kv = KVPool(dev, layout, self._waits)
@@ -127,6 +132,13 @@ class HybridPool:
     def mamba_layer_cache(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         self._waits(layer_id, "mamba")
         return self.mamba.layer_cache(layer_id)
+
+    def copy_on_write(self, dev: Device, src: torch.Tensor, dst: torch.Tensor, reads: Sequence[Region],
+                      writes: Sequence[Region], wait_layer: int | None = None) -> None:
+        """The pools' own deferred Mamba copy-on-write of slots `src` into `dst`, every Mamba layer
+        at once, on the current stream, with whatever wait it enqueues first (`wait_layer`: that
+        wait bound to this layer's load event instead). Only where `engine_copies_on_write`."""
+        raise NotImplementedError("the harness's pools have no copy-on-write of their own")
 
     def attention(self, layer_id: int, body: Callable[[], None]) -> None:
         """One attention layer's pool reads and kernel (`body`, on the host: its accessors, then its
