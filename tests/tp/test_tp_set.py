@@ -30,3 +30,17 @@ def test_the_clean_scenario_without_its_fence_races():
     r = run_scenario(fixed.with_overrides(fence="none"), SimDevice(), replays=REPLAYS)
     assert r.error is None and not r.met and r.tally.stale_replays == REPLAYS
     assert classify(r).outcome is Outcome.FLAGGED
+
+
+def test_the_reports_say_where_the_stale_data_went(tmp_path):
+    # summary.md and report.html carry the cross-rank verdict the console line gives.
+    from harness.frontends.cli import main
+
+    out = tmp_path / "r"
+    assert main(["run", str(SCENARIO_DIR / "tp.toml"), "--device", "sim", "-k", "gate-rank1 and none",
+                 "--replays", "3", "--out", str(out)]) == 0
+    summary = (out / "summary.md").read_text()
+    line = next(x for x in summary.splitlines() if x.startswith("| tp2.gate-rank1.full-none "))
+    assert ("race (data, analysis, graph); tp 2: stale reads on rank 1; carried to ranks 0,1 "
+            "through the all-reduce") in line
+    assert "tp 2: stale reads on rank 1; carried to ranks 0,1" in (out / "report.html").read_text()
