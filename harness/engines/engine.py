@@ -36,7 +36,12 @@ class EngineLoader(Protocol):
 
 
 class Adapter(Protocol):
-    """A loaded engine: its version, its own load-event counter and device pools on a harness device."""
+    """A loaded engine: its version, its own load-event counter and device pools on a harness device.
+
+    An adapter may also have `writeback(dev, layout, pools, forward, backup) -> WriteBack`, the
+    engine's own device-to-host path (vLLM's offloading worker); where it has none, the harness's
+    `WriteBack` runs (`harness.run.testbed`). Optional, so an adapter written before it still loads.
+    """
 
     @property
     def version(self) -> str: ...  # read-only, so a frozen dataclass can be one

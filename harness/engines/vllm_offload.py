@@ -62,7 +62,7 @@ from harness.protocol.writeback import HostBackup, TransferPolicy, WriteBack, Wr
 from harness.records.errors import EngineContractBroken
 from harness.records.trace import Pool, Region
 
-_Stream = Stream  # `_Cuda.Stream` shadows the class inside it
+_Stream = Stream  # `StreamsOf.Stream` shadows the class inside it
 
 CPU_GPU = "vllm.v1.kv_offload.worker.cpu_gpu"
 WORKER = "vllm.v1.kv_offload.worker.worker"
@@ -87,15 +87,19 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     return t.as_subclass(torch.Tensor) if isinstance(t, _DeviceMemory) else t
 
 
-class _Cuda:
-    """`torch.cuda` as the handler module reaches it: the harness device's streams."""
+class StreamsOf:
+    """The stream names vLLM's offloading code reaches (`torch.cuda`'s in the handlers' module,
+    `current_platform`'s in the worker's) on the harness device: the streams it makes (named
+    `{prefix}-N`, kept in `owner.streams`), the compute stream as it sees it (the current one, or
+    `owner.idle` where the scenario removes vLLM's wait) and the last stream it entered
+    (`owner.last_stream`); every other name is `fallback`'s."""
 
-    def __init__(self, offload: VllmOffload):
-        self._o = offload
+    def __init__(self, owner: Any, prefix: str, fallback: Any):
+        self._o, self._prefix, self._fallback = owner, prefix, fallback
 
     def Stream(self, *args: Any, **kwargs: Any) -> Stream:  # noqa: N802 - torch.cuda.Stream
         o = self._o
-        s = o.dev.Stream(f"offload-{len(o.streams)}")
+        s = o.dev.Stream(f"{self._prefix}-{len(o.streams)}")
         o.streams.append(s)
         return s
 
@@ -110,7 +114,7 @@ class _Cuda:
             yield
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(torch.cuda, name)
+        return getattr(self._fallback, name)
 
 
 class _Torch:
@@ -119,7 +123,7 @@ class _Torch:
 
     def __init__(self, offload: VllmOffload):
         self._o = offload
-        self.cuda = _Cuda(offload)
+        self.cuda = StreamsOf(offload, "offload", torch.cuda)
 
     def Event(self, *args: Any, **kwargs: Any) -> Event:  # noqa: N802 - torch.Event
         e = self._o.dev.Event()

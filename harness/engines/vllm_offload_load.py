@@ -44,11 +44,9 @@ import torch
 
 from harness.checkers.happens_before import Finding, find_races
 from harness.devices.base import Device, Event, Stream
-from harness.engines.vllm_offload import _DeviceMemory, _plain
+from harness.engines.vllm_offload import StreamsOf, _DeviceMemory, _plain
 from harness.records.errors import EngineContractBroken
 from harness.records.trace import Pool, Region
-
-_Stream = Stream  # `_Platform.Stream` shadows the class inside it
 
 GPU_WORKER = "vllm.v1.kv_offload.cpu.gpu_worker"
 BASE = "vllm.v1.kv_offload.base"
@@ -74,29 +72,6 @@ class LoadVerdict:
         return self.stale_blocks > 0 or bool(self.findings)
 
 
-class _Platform:
-    """`current_platform` as the worker module reaches it: the harness device's streams."""
-
-    def __init__(self, load: VllmOffloadLoad):
-        self._o = load
-
-    def Stream(self, *args: Any, **kwargs: Any) -> Stream:  # noqa: N802 - current_platform.Stream
-        o = self._o
-        s = o.dev.Stream(f"offload-load-{len(o.streams)}")
-        o.streams.append(s)
-        return s
-
-    def current_stream(self, *args: Any) -> _Stream:
-        o = self._o
-        return o.dev.current_stream() if o.waits_on_compute else o.idle
-
-    def stream(self, s: _Stream) -> contextlib.AbstractContextManager:
-        return self._o.dev.stream(s)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._o.platform, name)
-
-
 class _Torch:
     def __init__(self, load: VllmOffloadLoad):
         self._o = load
@@ -120,6 +95,7 @@ class VllmOffloadLoad:
         self.platform = self.gw.current_platform
         self.streams: list[Stream] = []
         self.idle = dev.Stream("offload-nowait")
+        self.last_stream: Stream | None = None  # the last stream vLLM's worker entered
         self.waits_on_compute = True
         self.copies = 0
         device = dev.torch_device
@@ -149,7 +125,7 @@ class VllmOffloadLoad:
         m = self.gw
         saved = m.torch, m.ops, m.current_platform, m.PIN_MEMORY, m.HAS_TRITON
         m.torch, m.ops, m.current_platform, m.PIN_MEMORY, m.HAS_TRITON = (
-            self._torch, self._ops, _Platform(self), False, False)
+            self._torch, self._ops, StreamsOf(self, "offload-load", self.platform), False, False)
         try:
             yield
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -58,6 +59,9 @@ class Testbed:
         # The engine's own load chain where it has one for this model: its counter and its load stream.
         self.engine_load: EngineLoader | None = engine.loader(dev, layout, self.pool, self.host) if engine else None
         self.schedule: Schedule = for_scenario(resolve(Kind.SCHEDULE, s.schedule, s.source, "schedule"))
+        # A loader thread's enqueue left to after the fence (`AsyncEnqueue.drain`), or None: decided once,
+        # not on each replay.
+        self._drain: Callable[[], None] | None = getattr(self.schedule, "drain", None)
         if self.engine_load is not None:
             self.counter: LoadCounter = self.engine_load.counter
         else:
@@ -100,9 +104,8 @@ class Testbed:
     def drain_load(self) -> None:
         """Enqueue now what the schedule left to a loader thread of its own (`AsyncEnqueue.drain`);
         nothing for any other schedule."""
-        drain = getattr(self.schedule, "drain", None)
-        if drain is not None:
-            drain()
+        if self._drain is not None:
+            self._drain()
 
     def _by_engine(self, schedule: Schedule | None, copies: CopyPlan | None) -> bool:
         """This batch's own load op, with the engine's schedule, one copy per layer and nothing

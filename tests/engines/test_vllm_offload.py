@@ -95,7 +95,7 @@ def test_a_release_with_the_wait_is_clean_and_races_without_it(monkeypatch):
     if scenario.expect is not Expect.CLEAN:
         pytest.skip("this release has no wait on the compute stream to remove (before vllm-project/vllm#31341)")
     assert run_scenario(scenario, SimDevice(), replays=3).observed is Expect.CLEAN
-    monkeypatch.setattr(vllm_offload._Cuda, "current_stream", lambda self, *a: self._o.idle)
+    monkeypatch.setattr(vllm_offload.StreamsOf, "current_stream", lambda self, *a: self._o.idle)
     r = run_scenario(scenario, SimDevice(), replays=3)
     assert r.observed is Expect.RACE and r.tally.stale_replays == 3
 
@@ -107,14 +107,14 @@ def test_a_release_before_the_fix_enqueues_no_wait_on_the_compute_stream():
     b = Testbed(scenario, SimDevice())
     wb = b.writeback
     assert isinstance(wb, vllm_offload.VllmOffload)
-    real = vllm_offload._Cuda.current_stream
+    real = vllm_offload.StreamsOf.current_stream
 
     def noted(self, *a):
         calls.append(1)
         return real(self, *a)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(vllm_offload._Cuda, "current_stream", noted)
+        mp.setattr(vllm_offload.StreamsOf, "current_stream", noted)
         with b.dev.stream(b.forward):
             wb.write(vllm_offload.FaultPlan(vllm_offload_fault()), b.bed.transfer)
     b.dev.synchronize()
