@@ -17,7 +17,8 @@
 # make bench     fence strategies: correctness on every race scenario, then their cost; then how fast
 #                the harness checks replays against the device time of what it checks; then what
 #                harness.sanitizer costs per replay (GPU only)
-# make gpu-verdicts  on a GPU runner: the GPU's verdicts that the simulator's fidelity test compares
+# make gpu-verdicts  on a GPU runner: the simulator's costs (harness/records/sim_costs.json), then the
+#                GPU's verdicts that the simulator's fidelity test compares
 # make gpu-samples   on a GPU runner: the committed samples (reports/samples/*-h200) regenerated
 
 VENV      ?= .venv
@@ -196,13 +197,15 @@ gpu-nightly:
 	PYTHONPATH=. $(PYTHON) -m harness sanitizer check > $(NIGHTLY)/sanitizer-check.txt; \
 		rc=$$?; cat $(NIGHTLY)/sanitizer-check.txt; exit $$rc
 
-# Every scenario of scenarios/*.toml, the fidelity set and the kill matrix on the GPU, on a quiet
-# device (another process's work moves the timing races): tests/run/test_fidelity.py checks the
+# The simulator's costs measured (calibrate), then every scenario of scenarios/*.toml, the fidelity
+# set and the kill matrix on the GPU, on a quiet device (another process's work moves the timing
+# races): tests/run/test_fidelity.py checks the
 # simulator against this file, which records the GPU, driver and torch it came from. The natural
 # set is for GPUs only (the simulator skips it), so there is nothing for the simulator to agree on.
 VERDICT_FILES = $(filter-out scenarios/natural.toml,$(wildcard scenarios/*.toml)) scenarios/fidelity/shared.toml \
 	$(wildcard scenarios/mutants/*.toml)
 gpu-verdicts:
+	PYTHONPATH=. $(PYTHON) -m harness calibrate
 	PYTHONPATH=. $(PYTHON) -m harness run $(VERDICT_FILES) --device cuda --out $(REPORTS)/verdicts
 	cp $(REPORTS)/verdicts/results.json tests/data/gpu_verdicts.json
 

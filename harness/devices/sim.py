@@ -9,8 +9,8 @@ scheduler runs the queues in virtual time, as a GPU would:
   release of a gate it holds on);
 - a kernel runs its closure at its start, and takes `access_us` (pool-touching)
   or `kernel_us` of device time;
-- a copy lands (its destination is written) at its end, after `nbytes /
-  bandwidth`; a copy enqueued later that lands earlier lands first;
+- a copy lands (its destination is written) at its end, after its latency
+  and `nbytes / bandwidth`; a copy enqueued later that lands earlier lands first;
 - a record completes its event at its start.
 
 The scheduler runs lazily, only as far as the host has got: when the host blocks
@@ -400,7 +400,7 @@ class SimDevice(Device):
             # Both directions: the copy reads its source and writes its destination as it lands.
             assert op.tensors is not None
             dst, src = op.tensors
-            us = op.nbytes / (self.costs.bandwidth_gbps * 1e3)  # GB/s -> bytes/us
+            us = self.costs.copy_latency_us + op.nbytes / (self.costs.bandwidth_gbps * 1e3)  # GB/s -> bytes/us
 
             def lands(t: float) -> None:
                 self._seq += 1  # a tie in landing time goes to the copy that started first

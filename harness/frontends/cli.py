@@ -27,6 +27,8 @@ from harness.frontends.cli_args import (
     selection_arguments,
     version_text,
 )
+from harness.frontends.calibrate_command import HANDLERS as CALIBRATE_HANDLERS
+from harness.frontends.calibrate_command import add_command as add_calibrate_command
 from harness.frontends.fence_commands import HANDLERS as FENCE_HANDLERS
 from harness.frontends.fence_commands import add_commands as add_fence_commands
 from harness.frontends.gpu_host_commands import HANDLERS as GPU_HOST_HANDLERS
@@ -150,6 +152,7 @@ def _parser() -> argparse.ArgumentParser:
     sanitizer_commands.add_command(sub)
     add_list_command(sub, _load)
     add_gpu_host_commands(sub)
+    add_calibrate_command(sub)
     return p
 
 
@@ -442,7 +445,7 @@ def _command(args: argparse.Namespace) -> int:
                 "engine-matrix": engine_matrix.cmd_engine_matrix,
                 "connector-check": connector_check.cmd_connector_check, "graph-check": graph_check.cmd_graph_check,
                 **REPORT_HANDLERS, **MERGE_HANDLERS, **FENCE_HANDLERS, **sanitizer_commands.HANDLERS, **LIST_HANDLERS,
-                **GPU_HOST_HANDLERS}
+                **GPU_HOST_HANDLERS, **CALIBRATE_HANDLERS}
     if getattr(args, "json", False):
         return _with_json_summary(handlers[args.command], args)
     try:

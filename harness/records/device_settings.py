@@ -6,20 +6,29 @@ Plain records with no torch, so that building the command-line parser (its choic
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 from harness.records.errors import InputError
 
 DEVICE_NAMES = ("auto", "cuda", "sim")
+# The costs measured on a GPU by `fence-harness calibrate` (harness.studies.calibration), with the
+# points they were fitted to and the machine: the simulator's defaults, read from there alone.
+CALIBRATION = Path(__file__).with_name("sim_costs.json")
+_MEASURED: dict[str, float] = json.loads(CALIBRATION.read_text())["costs"]
 
 
 @dataclass(frozen=True)
 class SimCosts:
-    """The simulator's cost model; every constant can be set from the command line.
+    """The simulator's cost model; every constant can be set from the command line. The defaults are
+    the costs `fence-harness calibrate` measured on a GPU (harness/records/sim_costs.json).
 
-    bandwidth_gbps: pinned host-to-device copy bandwidth (55 GB/s measured on an H200).
+    bandwidth_gbps: pinned host-to-device copy bandwidth.
+    copy_latency_us: device time of a copy beyond its bytes over the bandwidth (a copy of a few
+                    bytes still takes it).
     launch_us:      host time to enqueue one op outside a graph.
     replay_us:      host time to launch one graph replay.
     access_us:      device time of a kernel that reads or writes pool memory (a layer's core).
@@ -27,12 +36,13 @@ class SimCosts:
     poll_us:        host time of one event query.
     """
 
-    bandwidth_gbps: float = 55.0
-    launch_us: float = 5.0
-    replay_us: float = 10.0
-    access_us: float = 20.0
-    kernel_us: float = 2.0
-    poll_us: float = 5.0
+    bandwidth_gbps: float = _MEASURED["bandwidth_gbps"]
+    copy_latency_us: float = _MEASURED["copy_latency_us"]
+    launch_us: float = _MEASURED["launch_us"]
+    replay_us: float = _MEASURED["replay_us"]
+    access_us: float = _MEASURED["access_us"]
+    kernel_us: float = _MEASURED["kernel_us"]
+    poll_us: float = _MEASURED["poll_us"]
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -52,7 +62,10 @@ class SimCosts:
                 value = float(text) if sep else math.nan
             except ValueError:
                 value = math.nan
-            if not value > 0 or value == math.inf:
-                raise InputError(source, key, f"expected a positive number, got '{text}'")
+            # A copy may cost its bytes alone; any other cost at zero stops virtual time (a polling
+            # host would never move on).
+            if not (value >= 0 if key == "copy_latency_us" else value > 0) or value == math.inf:
+                kind = "a number, 0 or more" if key == "copy_latency_us" else "a positive number"
+                raise InputError(source, key, f"expected {kind}, got '{text}'")
             values[key] = value
         return cls(**values)

@@ -4,7 +4,8 @@ Three taps, as PyTorch's CUDA sanitizer (`torch/cuda/_sanitizer.py`) has them, a
 
 - `OpWatch`, a `TorchDispatchMode`: every aten operation, with the memory each tensor
   argument reads or writes, from the operator's schema (an argument that is written is
-  `Tensor(a!)`; a view's alias is metadata only; outputs are written). CUDA tensors, and
+  `Tensor(a!)`; a view's alias is metadata only; outputs are written, but for an operator that
+  only allocates, `empty` and its kin, which runs no kernel). CUDA tensors, and
   pinned host tensors (the source of an async H2D copy, the target of a D2H one): an
   operation on a CUDA tensor runs on the current stream; one on pinned host tensors only
   is the host's own work.
@@ -42,7 +43,11 @@ from harness.sanitizer.model import SanitizerModel, Site, Span, Use
 __all__ = ["OpWatch", "CudaWatch", "cuda_space", "short_stack"]
 
 aten = torch.ops.aten
-FACTORY = re.compile(r"(new_.*|.*_like)")  # factories that take a tensor read only its metadata
+FACTORY = re.compile(r"aten::(new_.*|.*_like)$")  # factories that take a tensor read only its metadata
+# Operators that only allocate: no kernel runs, nothing is written. Their output is memory the
+# allocator may have handed out with a freed owner's accesses still pending: only the first
+# kernel that writes it (a fill, a copy) can race with those.
+ALLOCATES_ONLY = re.compile(r"aten::(empty|empty_strided|empty_permuted|empty_like|new_empty|new_empty_strided)$")
 RECORD_STREAM = aten.record_stream.default  # not a kernel: the allocator's note that a stream uses a block
 # Reads that hand a device value to the host as a Python scalar: the host waits for the stream.
 SCALAR_READS = {aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default}
@@ -140,6 +145,7 @@ class OpWatch(TorchDispatchMode):
             return func(*args, **kwargs)
         schema = func._schema
         factory = bool(FACTORY.match(schema.name))
+        allocates_only = bool(ALLOCATES_ONLY.match(schema.name))
         found: dict[Span, list] = {}  # span -> [is_write, base, argument names]
 
         def note(value: Any, is_write: bool, metadata_only: bool, name: str) -> None:
@@ -168,7 +174,8 @@ class OpWatch(TorchDispatchMode):
         returns = schema.returns
         pairs = [(returns[0], out)] if len(returns) == 1 else list(zip(returns, out, strict=False))
         for ret, value in pairs:
-            metadata_only = factory or (ret.alias_info is not None and not ret.alias_info.is_write)
+            # A factory's output is new memory it fills (zeros_like writes it); a view's is not written.
+            metadata_only = allocates_only or (ret.alias_info is not None and not ret.alias_info.is_write)
             if not metadata_only:
                 pytree.tree_map_(lambda v: note(v, True, False, "output"), value)
         if found:

@@ -139,6 +139,7 @@ def test_a_tensor_freed_while_a_side_stream_reads_it_races_with_its_next_owner_u
             assert not was_stale and s.races == [], s.report()
             continue
         assert reused  # handed out again at once, on the stream it was allocated on
+        assert len(s.races) == 1, s.report()
         (race,) = s.races
         assert race.kind.value == "write-after-read", s.report()
         assert race.earlier.use.site.operator == "aten::sum" and race.earlier.freed

@@ -590,3 +590,29 @@ def test_a_block_reused_by_the_caching_allocator_through_the_cuda_watch(recorded
     assert race.kind.value == "write-after-read"
     assert race.earlier.use.site.operator == "aten::sum" and race.later.use.site.operator == "aten::fill_.Scalar"
     assert "handed it out again on stream 0 (legacy default)" in race.describe()
+
+
+def test_an_allocation_alone_writes_nothing_and_a_factory_that_fills_writes_its_output():
+    """`torch.empty` runs no kernel: reported as a write, it raced with the pending reads a freed
+    block carries over to its next owner, where only the first real write does. A factory that
+    fills its output (`zeros_like`) writes it; the tensor it is given, it reads only for its shape."""
+    from harness.sanitizer.tap import OpWatch
+
+    class Model:
+        def __init__(self) -> None:
+            self.ops: list[list[tuple[str, bool]]] = []
+
+        def op(self, stream, uses) -> None:
+            self.ops.append([(u.site.operator, u.is_write) for u in uses])
+
+        def host_op(self, uses) -> None:
+            self.op(None, uses)
+
+    model = Model()
+    x = torch.ones(16)
+    with OpWatch(model, stream_of=lambda: MAIN, space_of=lambda _: "cuda:0"):  # type: ignore[arg-type]
+        torch.empty(16)
+        torch.empty_like(x)
+        torch.empty_strided((4, 4), (4, 1))
+        torch.zeros_like(x)
+    assert model.ops == [[("aten::zeros_like", True)]]
