@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 from harness.engines import ENGINES
 from harness.frontends import connector_check, engine_matrix, graph_check, sanitizer_commands, soak
+from harness.frontends.calibrate_command import HANDLERS as CALIBRATE_HANDLERS
+from harness.frontends.calibrate_command import add_command as add_calibrate_command
 from harness.frontends.cli_args import (
     DEFAULT_FILES,
     device_arguments,
@@ -27,8 +29,6 @@ from harness.frontends.cli_args import (
     selection_arguments,
     version_text,
 )
-from harness.frontends.calibrate_command import HANDLERS as CALIBRATE_HANDLERS
-from harness.frontends.calibrate_command import add_command as add_calibrate_command
 from harness.frontends.fence_commands import HANDLERS as FENCE_HANDLERS
 from harness.frontends.fence_commands import add_commands as add_fence_commands
 from harness.frontends.gpu_host_commands import HANDLERS as GPU_HOST_HANDLERS

@@ -217,7 +217,8 @@ class WriteBack:
         self.d2h = dev.Stream("write-back")
         self.schedule = dev.Stream("schedule")
         self.plan = plan_backup(layout, pool, host)
-        # One set: the host synchronizes after every replay, so no op is pending at the next.
+        # One set: the host synchronizes after every replay of a write-back hazard (its host copy is
+        # the host's to poison: `harness.run.replay.Replayer`), so no op is pending at the next.
         self.start_event, self.fenced = dev.Event(), dev.Event()
         self.ack_start, self.ack_finish = dev.Event(), dev.Event()
 

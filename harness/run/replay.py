@@ -27,7 +27,9 @@ was stale); each verdict is still its own replay's, built while the next batch r
 forward start together on the device, once the previous replay's observation is done
 (`pace = "queued"`, the default). With `pace = "idle"` every replay starts on a quiet device,
 and the load gets a head start of the host's own enqueue time; a gate needs the host once
-per replay too. Those run one replay per batch.
+per replay too; so does a hazard that prepares host memory (a write-back's host copy, a staging
+buffer), which the host must not rewrite while the previous replay still reads it. Those run one
+replay per batch.
 """
 
 from __future__ import annotations
@@ -458,9 +460,11 @@ class Replayer:
                  oracle: Oracle | None = None, batch: int = _Observer.MAX_BATCH):
         self.tb, self.runner, self.timeout_s = tb, runner, timeout_s
         self.gating = _Gating(tb, gate) if gate is not None else _NoGate()
-        # A gate is opened by the host after each replay's forward, and an idle pace starts each
-        # replay on a quiet device: one replay per batch.
-        if gate is not None or tb.scenario.pace is Pace.IDLE:
+        # A gate is opened by the host after each replay's forward, an idle pace starts each
+        # replay on a quiet device, and a hazard whose preparation the host writes (a write-back's
+        # host copy, poisoned; a staging buffer, refilled) must not write it while the previous
+        # replay's copies and look still use it: one replay per batch.
+        if gate is not None or tb.scenario.pace is Pace.IDLE or not tb.hazard.prepares_on_device:
             batch = 1
         self.observer = _Observer(tb, oracle, batch) if oracle is not None else _Unobserved(tb)
         self.observer.capture()

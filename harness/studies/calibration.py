@@ -225,7 +225,10 @@ def measure_copies(dev: Device, sizes: Sequence[int] = COPY_SIZES, rounds: int =
         src.fill_(1)
         dst = torch.empty(nbytes, dtype=torch.uint8, device=dev.torch_device)
         region = Region("calibration", 0, 0, nbytes)
-        each = _timed_back_to_back(dev, stream, [lambda: dev.copy_async(dst, src, region)] * count, rounds)
+        def copy(dst=dst, src=src, region=region) -> None:
+            dev.copy_async(dst, src, region)
+
+        each = _timed_back_to_back(dev, stream, [copy] * count, rounds)
         # The copies after the first: the first may start while the spin's end is still draining.
         points.append(CopyPoint(nbytes, round(statistics.median(each[1:]), 4)))
     return points
@@ -240,9 +243,10 @@ def measure_kernels(dev: Device, shapes: Sequence[Shape] = FORWARD_SHAPES, round
     for shape in shapes:
         arm = Arm(dev, shape.scenario, timeout_s)
         kernels = [op for op in _full_graph(arm).body if isinstance(op, Kernel)]
-        calls = [(lambda k=k: dev.launch(k.fn, k.reads, k.writes, k.what)) for k in kernels]  # type: ignore[misc]
+        calls = [(lambda k=k: dev.launch(k.fn, k.reads, k.writes, k.what)) for k in kernels]
         times = _timed_back_to_back(dev, arm.forward, calls, rounds)
-        points += [KernelPoint(shape.name, k.what, k.touches_pools, round(us, 4)) for k, us in zip(kernels, times)]
+        points += [KernelPoint(shape.name, k.what, k.touches_pools, round(us, 4))
+                   for k, us in zip(kernels, times, strict=True)]
     return points
 
 

@@ -191,7 +191,7 @@ def test_host_event_query_and_synchronize_follow_virtual_time():
 
 
 def test_a_polling_host_moves_on_and_its_true_query_orders_it():
-    s = Story()
+    s = Story(SimCosts(poll_us=5.0))
     with s.dev.stream(s.L):
         s.dev.delay(500.0)
     e = s.record_on_L()

@@ -8,6 +8,7 @@ from harness.devices.sim import SimDevice
 from harness.frontends.cli import main
 from harness.input.scenario_file import SCENARIO_DIR, load_file
 from harness.protocol.loadback import plan_copies, stale_by_chunk
+from harness.records.device_settings import SimCosts
 from harness.records.races import RaceKind
 from harness.records.scenario import (
     Expect,
@@ -118,7 +119,9 @@ def test_chunked_staleness_is_exactly_the_late_chunks():
     b = Testbed(s, SimDevice())
     chunks = plan_copies(b.layout, b.host, b.pool, 4)
     verdicts = []
-    r = run_scenario(s, SimDevice(), replays=3, on_replay=lambda i, v: verdicts.append(v))
+    # 60 us between chunks against a layer's core of 20 us: some layer is read partly loaded.
+    costs = SimCosts(access_us=20.0, kernel_us=2.0, launch_us=5.0)
+    r = run_scenario(s, SimDevice(costs), replays=3, on_replay=lambda i, v: verdicts.append(v))
     assert r.tally.stale_replays == 3
     partly = 0
     for v in verdicts:
