@@ -182,20 +182,27 @@ gpu-test:
 # What moved out of the gate, each part writing its results and report under $(NIGHTLY):
 # the nightly GPU tests (1,000-replay soaks, PyTorch's sanitizer on the harness); every scenario
 # of scenarios/*.toml, the natural set at serving shapes included, at each scenario's own replay count;
-# the kill matrix at 1,000 replays; the fence bench sweep and the sanitizer studies; the release
-# matrix from a pack when .engines/carry is there (make engine-pack makes it on a host with an index).
+# the kill matrix at 1,000 replays; the strategy check, the fence bench sweep (to 80 layers, every
+# arm) and the checking speed; the sanitizer studies; the release matrix from a pack when
+# .engines/carry is there (make engine-pack makes it on a host with an index). The run, the kill
+# matrix and the bench are the committed samples' own commands (make gpu-samples).
 NIGHTLY ?= $(REPORTS)/nightly
+BENCH_POINTS ?= sweep,layers
 gpu-nightly:
 	mkdir -p $(NIGHTLY)
 	PYTHONPATH=. $(PYTHON) -m pytest -q -m "gpu and nightly" -p no:cacheprovider -p harness.frontends.pytest_plugin \
 		$(XDIST) --junitxml=$(NIGHTLY)/junit.xml --harness-device cuda --harness-report $(NIGHTLY)/tests tests/gpu
 	PYTHONPATH=. $(PYTHON) -m harness run --device cuda --out $(NIGHTLY)/run
 	PYTHONPATH=. $(PYTHON) -m harness mutants --device cuda --replays 1000 --out $(NIGHTLY)/mutants
-	$(MAKE) bench REPORTS=$(NIGHTLY)
+	PYTHONPATH=. $(PYTHON) -m harness fences --device cuda --out $(NIGHTLY)/fences
+	PYTHONPATH=. $(PYTHON) -m harness bench --device cuda --points $(BENCH_POINTS) --out $(NIGHTLY)/bench
+	PYTHONPATH=. $(PYTHON) -m harness checking --device cuda --out $(NIGHTLY)/checking
+	PYTHONPATH=. $(PYTHON) -m harness sanitizer cost --out $(NIGHTLY)/sanitizer
 	PYTHONPATH=. $(PYTHON) -m harness sanitizer compare --log $(NIGHTLY)/sanitizer-compare.log \
 		> $(NIGHTLY)/sanitizer-compare.txt; rc=$$?; cat $(NIGHTLY)/sanitizer-compare.txt; exit $$rc
 	PYTHONPATH=. $(PYTHON) -m harness sanitizer check > $(NIGHTLY)/sanitizer-check.txt; \
 		rc=$$?; cat $(NIGHTLY)/sanitizer-check.txt; exit $$rc
+	if [ -d $(PACK) ]; then $(MAKE) engine-from-pack PACK_REPLAYS=1000 REPORTS=$(NIGHTLY); fi
 
 # The simulator's costs measured (calibrate), then every scenario of scenarios/*.toml, the fidelity
 # set and the kill matrix on the GPU, on a quiet device (another process's work moves the timing
@@ -219,8 +226,9 @@ gpu-samples:
 	rm -rf $(SAMPLES)/gpu-test-h200 $(SAMPLES)/default-h200 $(SAMPLES)/mutants-h200 $(SAMPLES)/bench-h200
 	GITHUB_SHA=$(COMMIT) $(MAKE) gpu-test REPORTS=$(SAMPLES)/gpu-test-h200
 	GITHUB_SHA=$(COMMIT) PYTHONPATH=. $(PYTHON) -m harness run --device cuda --out $(SAMPLES)/default-h200
-	GITHUB_SHA=$(COMMIT) PYTHONPATH=. $(PYTHON) -m harness mutants --device cuda --out $(SAMPLES)/mutants-h200
-	GITHUB_SHA=$(COMMIT) PYTHONPATH=. $(PYTHON) -m harness bench --device cuda --out $(SAMPLES)/bench-h200
+	GITHUB_SHA=$(COMMIT) PYTHONPATH=. $(PYTHON) -m harness mutants --device cuda --replays 1000 --out $(SAMPLES)/mutants-h200
+	GITHUB_SHA=$(COMMIT) PYTHONPATH=. $(PYTHON) -m harness bench --device cuda --points $(BENCH_POINTS) \
+		--out $(SAMPLES)/bench-h200
 
 # What each correct fence costs (device events; the whole sweep on a GPU, the default point on the
 # simulator), and every strategy against every full-graph race scenario.
