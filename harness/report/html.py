@@ -264,6 +264,15 @@ def layer_ranges(stale_layers) -> str:
     return ", ".join(filter(None, [text, *others])) or "-"
 
 
+def stale_layers_text(s: dict) -> str:
+    """The layers read stale, then, after "host", those whose write-back host copy came out wrong,
+    as the console's line has them."""
+    reads = layer_ranges(s["stale_layers"]) if s["stale_layers"] else ""
+    backups = s.get("backup_stale_layers") or {}
+    host = f"host {layer_ranges(backups)}" if backups else ""
+    return " ".join(filter(None, [reads, host])) or "-"
+
+
 def _fault(s: dict) -> Cell:
     d = s.get("definition") or {}
     text = s.get("fault_text") or (d.get("fault") or {}).get("kind", "")
@@ -287,7 +296,7 @@ def _scenario_row(s: dict, drawn: Set[str]) -> list:
     name = Cell(s["name"], href=_href(s["name"]) if s["name"] in drawn else None)
     variant = f"{variant_label(s)} ({hazard})" if hazard else variant_label(s)
     return [RESULT_WORDS[bool(s["met"])], name, Cell(variant), _fault(s), s["expect"],
-            Cell(observed_text(s)), _stale(s), layer_ranges(s["stale_layers"]), len(s["findings"]),
+            Cell(observed_text(s)), _stale(s), stale_layers_text(s), len(s["findings"]),
             _per_s(s["timings"]["replays_per_s"])]
 
 

@@ -452,3 +452,12 @@ def test_streams_keep_one_order_forward_load_then_the_rest():
     sort = {e["tid"]: e["args"]["sort_index"] for e in trace["traceEvents"] if e["name"] == "thread_sort_index"}
     assert [sort[names[s]] for s in lanes] == [1, 2, 3, 4]
     assert trace["otherData"]["fault"] == "delay 5us each"
+
+
+def test_the_stale_layers_cell_names_the_host_copies_too_as_the_console_does():
+    from harness.report.html import stale_layers_text
+
+    both = {"stale_layers": {"0": 3, "1": 3}, "backup_stale_layers": {"2": 3, "3": 3}}
+    assert stale_layers_text(both) == "0–1 host 2–3"
+    assert stale_layers_text({"stale_layers": {}, "backup_stale_layers": {"0": 1, "1": 1}}) == "host 0–1"
+    assert stale_layers_text({"stale_layers": {}}) == "-"  # a file from before the write-back
