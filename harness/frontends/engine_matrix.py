@@ -102,11 +102,12 @@ class Row:
     replays: int
     findings: int
     error: str | None
+    not_restored: str | None = None  # observed wrong: the slots the landed load op left unrestored
 
     def line(self) -> str:
         verdict = self.observed or "error"
         ok = "ok  " if self.met else "FAIL"
-        tail = f"  {self.error}" if self.error else ""
+        tail = f"  {self.error}" if self.error else f"  not restored: {self.not_restored}" if self.not_restored else ""
         return (f"{ok} {self.release:8s} {self.scenario:40s} expected {self.expect:5s} observed {verdict:5s} "
                 f"stale {self.stale_replays:4d}/{self.replays:<4d} findings {self.findings:3d}{tail}")
 
@@ -179,7 +180,7 @@ def cmd_engine_matrix(args: argparse.Namespace) -> int:
 def rows_of(version: str, doc: dict) -> list[Row]:
     return [
         Row(version, e["name"], e["expect"], e["observed"], bool(e["met"]), int(e["stale_replays"]),
-            int(e["replays"]), len(e["findings"]), e["error"])
+            int(e["replays"]), len(e["findings"]), e["error"], e.get("not_restored"))
         for e in doc["scenarios"]
     ]
 

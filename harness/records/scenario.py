@@ -93,6 +93,10 @@ class PressureProcess(NamedEnum):
 class Expect(NamedEnum):
     RACE = "race"
     CLEAN = "clean"
+    # Every load op landed (the host waited for it), and slots it should have restored still do not
+    # hold their host data: a missing or misplaced restore (an engine's load chain), which no ordering
+    # fixes. Seen before any replay, in ground truth; no replay runs.
+    WRONG = "wrong"
 
 
 class Evidence(NamedEnum):

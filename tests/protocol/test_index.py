@@ -1,6 +1,7 @@
 """A sparse-attention index beside each attention layer (`indexer`, the QSA indexer of Qwen4-Exp
 models, sgl-project/sglang#39830): where its rows live, how the load-back restores them, that the
-indexer's read races without its accessor's wait and is clean with it."""
+indexer's read races without its accessor's wait and is clean with it, and the verdict `wrong` for
+a load op that every wait has let land and that still left slots unrestored."""
 
 from __future__ import annotations
 
@@ -9,14 +10,19 @@ import dataclasses
 import pytest
 
 from harness.devices.sim import SimDevice
+from harness.faults.plan import FaultPlan
 from harness.input.scenario_file import parse_text
 from harness.protocol.layout import index_regions, plan_layout, prefix_regions
 from harness.protocol.loadback import plan_copies
 from harness.protocol.pools import HostPool, HybridPool
-from harness.records.errors import InputError
+from harness.records.errors import InputError, NotRestored
 from harness.records.scenario import Backend, Expect, Fault, FaultKind, ModelShape, Request
 from harness.records.trace import Pool, Region
-from harness.run.pipeline import run_scenario
+from harness.report.results import scenario_entry
+from harness.report.schema import SCENARIO, _check
+from harness.run.pipeline import ScenarioResult, run_scenario
+from harness.run.testbed import Testbed
+from harness.run.verdict import decide
 from tests.support.builders import small_scenario
 
 # The report's layout shrunk: Mamba first, attention every fourth layer, pages of 16 holding 4 groups.
@@ -101,3 +107,42 @@ def test_tensor_parallelism_refuses_an_index():
             'backend = "full"\nexpect = "race"\ntp = 2\n')
     with pytest.raises(InputError, match="indexer"):
         parse_text(text, "x.toml")
+
+
+# ---------------------------------------------------------------- the verdict `wrong`
+
+
+def test_the_restore_check_names_what_a_landed_engine_load_left_unrestored():
+    """The check asks only where an engine's load chain ran the load op; with it claimed and nothing
+    loaded, every slot the plan restores is named (poisoned, so not its host data)."""
+    tb = Testbed(_scenario(), SimDevice())
+    with tb.dev.stream(tb.forward):
+        tb.hazard.prepare(tb.bed)
+    tb.dev.synchronize(5.0)
+    assert tb.unrestored() == ()  # the harness's own load op is the plan itself: not asked
+    tb.engine_loaded = True
+    assert set(tb.unrestored()) == set(tb.bed.targets)
+    with tb.dev.stream(tb.forward):
+        tb.start_load(FaultPlan(Fault()))
+    tb.dev.synchronize(5.0)
+    assert tb.unrestored() == ()
+
+
+def test_wrong_is_its_own_verdict_met_only_where_expected():
+    not_restored = "idx[L3, slots 4:16]"
+    wrong = decide(_scenario(expect=Expect.WRONG), 0, 0, not_restored=not_restored)
+    assert wrong.met and wrong.observed is Expect.WRONG and wrong.evidence == ()
+    assert wrong.describe() == "wrong (not restored)"
+    clean = decide(_scenario(expect=Expect.CLEAN), 0, 0, not_restored=not_restored)
+    assert not clean.met and not_restored in (clean.shortfall() or "")
+    assert "every slot was restored" in (decide(_scenario(expect=Expect.WRONG), 0, 0).shortfall() or "")
+    errored = decide(_scenario(expect=Expect.WRONG), 0, 0, error="boom", not_restored=not_restored)
+    assert errored.observed is None and not errored.met
+
+
+def test_a_wrong_scenarios_results_entry_says_which_slots():
+    r = ScenarioResult(_scenario(expect=Expect.WRONG), not_restored=str(NotRestored((Region("idx", 3, 4, 16),))))
+    entry = scenario_entry(r)
+    assert (entry["expect"], entry["observed"], entry["met"]) == ("wrong", "wrong", True)
+    assert entry["not_restored"] == "not restored: idx[L3, slots 4:16]"
+    _check(entry, SCENARIO, "scenarios[0]", "results.json")  # the schema takes the new outcome
