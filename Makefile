@@ -59,7 +59,7 @@ $(ENGINE_VENV)/.installed: pyproject.toml
 
 test-engine: $(ENGINE_VENV)/.installed
 	$(EPY) -m pytest -q -m "not gpu" -p no:cacheprovider tests/engines/test_sglang.py tests/engines/test_sglang_cow.py \
-		tests/frontends/test_engine_matrix.py tests/engines/test_hybrid_releases.py
+		tests/engines/test_sglang_host_hit.py tests/frontends/test_engine_matrix.py tests/engines/test_hybrid_releases.py
 
 # Each release installed with pip --no-deps --target $(ENGINES_DIR)/sglang-VERSION beside the engine
 # venv (its deps: the `.[sglang]` extra), then run in its own process; one table, one results.json.

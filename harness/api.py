@@ -15,7 +15,8 @@ The three kinds, and how the harness calls each (on the host; none may block it 
         was enqueued: enqueue the waits you want; return a runner to run this batch instead of
         the scenario's, or None.
     accessor(counter: LoadCounter, layer_id: int, pool: str) -> None
-        each time the forward asks a pool for a layer's buffer ("kv" or "mamba"), eagerly and
+        each time the forward asks a pool for a layer's buffer ("kv", "mamba", or "index" for a
+        model's sparse-attention index), eagerly and
         once while a graph is captured (a replay runs no Python: a wait on an external event or a
         value wait made then is a node of the graph; anything else it does is not replayed).
     schedule(op: LoadOp) -> None
@@ -45,7 +46,8 @@ What a plugin can count on (each checked by tests/test_api.py):
 Regions: every copy and kernel names the pool slots it touches, so the happens-before analyser and
 the graph check can see what a plugin's work orders. `Region(pool, layer, start, stop)` is slots
 [start, stop) of one pool at one global layer id; device pools are `Pool.K`, `Pool.V`, `Pool.CONV`,
-`Pool.SSM`, and host memory is `Pool.on_host(buffer, pool)` (never overlapping a device region).
+`Pool.SSM` (and `Pool.IDX`, a model's sparse-attention index, in compressed slots), and host
+memory is `Pool.on_host(buffer, pool)` (never overlapping a device region).
 `dev.copy_async(dst, src, region, source)` copies host to device on the current stream, writing
 `region` and reading `source`; `dev.launch(fn, reads=[...], writes=[...], what="name")` runs device
 work `fn` on the current stream. A `LayerCopy` of `op.plan` carries its own `region` and `source`.

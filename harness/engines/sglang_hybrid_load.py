@@ -15,12 +15,19 @@ One load op is the engine's hybrid chain end to end (`sglang/srt/mem_cache/hybri
   entries its `build_pool_entry` builds): `MHATokenToKVPoolHost` as the KV anchor and
   `MambaPoolHost` for the conv and temporal (SSM) state, both in the `page_first_direct`
   layout (the Mamba host pool takes only page-first layouts and a server has one layout
-  for both) with the `direct` I/O backend.
+  for both) with the `direct` I/O backend;
+- with a sparse-attention index (the engine's QSA pool), the index's host pool where the
+  release's assembler has one (`QSAIndexerPoolHost`, `mem_cache/pool_host/qsa.py`, a page-row
+  mirror of the compressed keys, one row a KV page): its entry takes the KV entry's layer
+  mapping, and each load op carries it as the KV sidecar the radix cache adds
+  (`PoolTransfer(INDEXER, indices_from_pool=KV)`: the KV rows, resolved by `load`). A release
+  whose assembler has none builds no entry, so its load op never restores the index.
 
 Only the compiled copy kernel is the harness's: `transfer_kv_per_layer_direct_pf_lf` (from
-`sgl_kernel`), which both host pools call for that layout and backend: page `i` of layer
+`sgl_kernel`), which every host pool calls for that layout and backend: page `i` of layer
 `layer_id` of each page-first host buffer into the device rows of that page, one copy per
-page, as the kernel's reference does. It applies the scenario's fault as the harness's
+page, as the kernel's reference does (the index's host pool calls it a KV page at a time, one
+byte row each). It applies the scenario's fault as the harness's
 `LoadOp` does (the gate before the op's first copy, the delay before each layer's first).
 
 The controller, host pools and pool entries are built by their signatures (0.5.20 takes
@@ -34,6 +41,7 @@ whole pages; Mamba: one row per request, in order).
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +106,12 @@ class HybridLoad(ChainLoad):
         self.kv_host = (EngineLoad._host_pool(mods.host_mha.MHATokenToKVPoolHost, full, layout, dev, MEM_LAYOUT)
                         if self.attention else None)
         self.mamba_host = _mamba_host_pool(mods.host_mamba.MambaPoolHost, mamba_pool, dev)
+        # The index's host pool, where the model has an index and the release's assembler builds one.
+        index_cls = getattr(mods.assembler, "QSAIndexerPoolHost", None) if s.indexer else None
+        self.index_host = construct(index_cls, device_pool=kv_pool, anchor_host=self.kv_host) if index_cls else None
+        if self.index_host is not None:  # its kernel, where its per-layer load looks it up
+            self._install_kernel(_defining_module(self.index_host, "load_to_device_per_layer"), KERNEL,
+                                 self.transfer_kv_per_layer_direct_pf_lf)
         self._fill(host)
 
         storage = mods.storage
@@ -108,6 +122,10 @@ class HybridLoad(ChainLoad):
                       layer_mapping=dict(kv_pool.full_attention_layer_id_mapping), is_anchor=True, **depth)]
         entries.append(construct(entry, name=storage.PoolName.MAMBA, host_pool=self.mamba_host,
                                  device_pool=mamba_pool, layer_mapping=dict(req_pool.mamba_map), **depth))
+        if self.index_host is not None:  # as build_hybrid_mamba_stack adds it: the KV entry's layer mapping
+            entries.append(construct(entry, name=storage.PoolName.INDEXER, host_pool=self.index_host,
+                                     device_pool=kv_pool, layer_mapping=dict(kv_pool.full_attention_layer_id_mapping),
+                                     **depth))
         self.group = mods.host_group.HostPoolGroup(entries)
         slots = [r.prefix.start + i for r in loaded for i in range(len(r.prefix))]
         host_rows = [r.host_offset + i for r in loaded for i in range(len(r.prefix))]
@@ -119,6 +137,7 @@ class HybridLoad(ChainLoad):
         self._mamba_slots = torch.arange(rows.start, rows.stop, dtype=torch.int64, device=device)
         self._transfer = storage.PoolTransfer
         self._mamba_name = storage.PoolName.MAMBA
+        self._index_name, self._kv_name = storage.PoolName.INDEXER, storage.PoolName.KV
         self.controller = construct(
             mods.hybrid.HybridCacheController, token_to_kv_pool_allocator=self.allocator,
             mem_pool_host=self.group, page_size=page, tp_group=OneRank(), load_cache_event=threading.Event(),
@@ -133,8 +152,13 @@ class HybridLoad(ChainLoad):
         self._dst |= {t.data_ptr(): (Pool.V, self.attention[a]) for a, t in enumerate(full.v_buffer)}
         self._dst |= {conv[m].data_ptr(): (Pool.CONV, lid) for m, lid in _local(req_pool.mamba_map)}
         self._dst |= {cache.temporal[m].data_ptr(): (Pool.SSM, lid) for m, lid in _local(req_pool.mamba_map)}
+        # The index's device rows are whole KV pages: a row holds page_size // indexer compressed slots.
+        self._unit = {Pool.IDX: page // s.indexer} if s.indexer else {}
+        if self.index_host is not None:
+            self._dst |= {t.data_ptr(): (Pool.IDX, self.attention[a])
+                          for a, t in enumerate(self.index_host.device_buffers)}
         self._plans = {}
-        self._release_on_drop(self.kv_host, self.mamba_host)
+        self._release_on_drop(self.kv_host, self.mamba_host, self.index_host)
 
     def _fill(self, host: HostPool) -> None:
         """The harness's seeded host data into the engine's page-first host pools."""
@@ -145,6 +169,12 @@ class HybridLoad(ChainLoad):
             if kv is not None:
                 for src, dst in ((host.k[a], kv.k_buffer), (host.v[a], kv.v_buffer)):
                     dst[:pages, a].copy_(src[: pages * page].reshape(pages, page, *src.shape[1:]))
+        index = self.index_host
+        if index is not None:  # page p of layer a: the compressed slots of KV page p, as bytes
+            rows = page // self.layout.shape.indexer
+            for a in range(len(self.attention)):
+                keys = host.idx[a, : pages * rows].contiguous().view(torch.uint8).reshape(pages, -1)
+                index.kv_buffer[:pages, a, 0].copy_(keys)
         b = len(self.layout.requests)
         (conv,) = self.mamba_host.conv_buffer
         for m in range(len(self.mamba)):
@@ -152,9 +182,13 @@ class HybridLoad(ChainLoad):
             self.mamba_host.temporal_buffer[:b, m, 0].copy_(host.ssm[m])
 
     def _load_args(self) -> dict[str, Any]:
-        """The Mamba state's transfer, resolved (host rows and device slots): a fresh one per load op."""
-        return {"extra_pools": [self._transfer(name=self._mamba_name, host_indices=self._mamba_host_rows.clone(),
-                                               device_indices=self._mamba_slots.clone())]}
+        """The Mamba state's transfer, resolved (host rows and device slots), and the index's KV
+        sidecar where there is an index entry: fresh ones per load op (`load` fills them in)."""
+        pools = [self._transfer(name=self._mamba_name, host_indices=self._mamba_host_rows.clone(),
+                                device_indices=self._mamba_slots.clone())]
+        if self.index_host is not None:
+            pools.append(self._transfer(name=self._index_name, indices_from_pool=self._kv_name))
+        return {"extra_pools": pools}
 
     def transfer_kv_per_layer_direct_pf_lf(self, src_ptrs: list[torch.Tensor], dst_ptrs: list[torch.Tensor],
                                            src_indices: torch.Tensor, dst_indices: torch.Tensor, layer_id: int,
@@ -179,10 +213,17 @@ class HybridLoad(ChainLoad):
             if dst[i:i + page_size] != list(range(d0, d0 + page_size)) or s0 % page_size:
                 raise EngineContractBroken(f"{KERNEL} was asked for a page that is not whole on both sides")
             for s_t, d_t, pool in zip(src_ptrs, dst_ptrs, pools, strict=True):
+                n = self._unit.get(pool, 1)  # the pool's slots a row holds (the index's: a page of them)
                 copies.append((d_t[d0:d0 + page_size], s_t[s0 // page_size, layer_id],
-                               Region(pool, layer, d0, d0 + page_size),
-                               Region(Pool.on_host(self.host.name, pool), layer, s0, s0 + page_size)))
+                               Region(pool, layer, d0 * n, (d0 + page_size) * n),
+                               Region(Pool.on_host(self.host.name, pool), layer, s0 * n, (s0 + page_size) * n)))
         return layer, copies
+
+
+def _defining_module(obj: Any, method: str) -> Any:
+    """The module of the class in `obj`'s hierarchy that defines `method` (where its globals live)."""
+    owner = next(c for c in type(obj).__mro__ if method in vars(c))
+    return sys.modules[owner.__module__]
 
 
 def _local(mamba_map: dict[int, int]) -> list[tuple[int, int]]:

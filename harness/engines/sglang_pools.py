@@ -5,13 +5,17 @@ arguments (`sglang/srt/mem_cache/memory_pool.py`):
 
 - an attention-only model: `MHATokenToKVPool`;
 - a model with Mamba layers: `HybridReqToTokenPool`, which builds the engine's `MambaPool`,
-  and `HybridLinearKVPool` over it, whose full-attention layers are an `MHATokenToKVPool`.
+  and `HybridLinearKVPool` over it, whose full-attention layers are an `MHATokenToKVPool`;
+  with a sparse-attention index (`indexer`), `QSATokenToKVPool` in its place
+  (`mem_cache/qsa_kv_pool.py`: the same hybrid pool, plus the QSA indexer's compressed keys
+  of each attention layer, one row a compress-ratio of KV slots).
 
 Their tensors are the pools' memory: the harness's copy plan, hazards and probes index the
 engine's per-layer K/V buffers and its stacked conv / temporal state, and the harness's
-accessors are the engine's (`get_key_buffer`, `get_value_buffer`,
-`HybridReqToTokenPool.mamba2_layer_cache`), so every accessor wait is the engine's own
-`layer_transfer_counter.wait_until(layer_id - start_layer)`.
+accessors are the engine's (`get_key_buffer`, `get_value_buffer`, the QSA pool's
+`get_qsa_compressed_k_buffer`, `HybridReqToTokenPool.mamba2_layer_cache`), so every accessor
+wait is the engine's own `layer_transfer_counter.wait_until(layer_id - start_layer)`, where
+the release has one (the QSA index's accessor waits from 0.5.22; before it, none).
 
 The counter is registered on the pools as `HiCacheController` registers it
 (`register_layer_transfer_counter`) while the accessor policy in force is the engine's own
@@ -25,6 +29,7 @@ what the harness knows; one that needs something more is an EngineContractBroken
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -35,12 +40,14 @@ from harness.devices.base import Device, dtype_of
 from harness.protocol.accessors import AccessorPolicy, per_layer
 from harness.protocol.counter import LoadCounter
 from harness.protocol.layout import Layout
-from harness.protocol.pools import HybridPool, KVPool, LayerTensors, MambaPool, _Waits
+from harness.protocol.pools import INDEX_DTYPE, HybridPool, KVPool, LayerTensors, MambaPool, _Waits
 from harness.records.errors import EngineContractBroken
 from harness.records.trace import Region
 
 MEMORY = "sglang.srt.mem_cache.memory_pool"
 MAMBA = "sglang.srt.configs.mamba_utils"
+# The QSA pool, imported only for a model with a sparse-attention index (the adapter needs it nowhere else).
+QSA = "sglang.srt.mem_cache.qsa_kv_pool"
 
 
 def construct(cls: Any, **known: Any) -> Any:
@@ -64,6 +71,8 @@ class EngineKV(KVPool):
         mha = getattr(engine_pool, "full_kv_pool", engine_pool)  # the hybrid pool's full-attention layers
         self.k = LayerTensors(mha.k_buffer)
         self.v = LayerTensors(mha.v_buffer)
+        # The QSA pool's compressed index keys, [compressed slot, 1, head_dim] a layer (none elsewhere).
+        self.idx = LayerTensors(getattr(engine_pool, "qsa_compressed_k_buffer_pool", ()))
         self._waits = waits
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
@@ -73,6 +82,10 @@ class EngineKV(KVPool):
     def get_value_buffer(self, layer_id: int) -> torch.Tensor:
         self._waits(layer_id, "kv")
         return self.engine.get_value_buffer(layer_id)
+
+    def get_index_buffer(self, layer_id: int) -> torch.Tensor:
+        self._waits(layer_id, "index")
+        return self.engine.get_qsa_compressed_k_buffer(layer_id)
 
 
 class EngineMamba(MambaPool):
@@ -118,10 +131,19 @@ class EnginePools(HybridPool):
                 mamba_spec_state_size=0, max_context_len=layout.kv_slots, device=device,
                 enable_memory_saver=False, cache_params=_cache_params(modules[MAMBA], layout, dt),
                 mamba_layer_ids=mamba, enable_mamba_extra_buffer=False)
-            self.kv_pool: Any = construct(mp.HybridLinearKVPool, full_attention_layer_ids=attention,
-                                          mamba_pool=self.req_pool.mamba_pool, **kv_args)
+            kv_cls = _qsa_pool_class() if s.indexer else mp.HybridLinearKVPool
+            # The QSA pool's own settings: one index head of head_dim, the model's ratio, a token
+            # top-k of one group (what it selects is not modelled), bf16 keys (QSA's default).
+            qsa_args = dict(qsa_index_kv_heads=1, qsa_index_head_dim=s.head_dim, qsa_compress_ratio=s.indexer,
+                            qsa_token_topk=s.indexer, num_request_slots=len(layout.requests) + 1,
+                            qsa_indexer_dtype=INDEX_DTYPE) if s.indexer else {}
+            self.kv_pool: Any = construct(kv_cls, full_attention_layer_ids=attention,
+                                          mamba_pool=self.req_pool.mamba_pool, **kv_args, **qsa_args)
             self.mamba: MambaPool = EngineMamba(self.req_pool)
         else:
+            if s.indexer:
+                raise EngineContractBroken("the engine's sparse-attention index lives in its QSA pool, a hybrid pool: "
+                                           "a model with an indexer needs Mamba layers (an M in layers)")
             self.kv_pool = construct(mp.MHATokenToKVPool, layer_num=len(attention), **kv_args)
             self.mamba = MambaPool(dev, layout)  # no Mamba layer reads it
         self.kv: KVPool = EngineKV(self.kv_pool, attention, self._waits)
@@ -192,6 +214,15 @@ class EnginePools(HybridPool):
         """The hybrid pool's waiting Mamba accessor: the engine's `mamba2_layer_cache`."""
         self._waits(layer_id, "mamba")
         return _pair(self.req_pool.mamba2_layer_cache(layer_id))
+
+
+def _qsa_pool_class() -> Any:
+    """The release's `QSATokenToKVPool`; an error naming it where the release has none."""
+    try:
+        return importlib.import_module(QSA).QSATokenToKVPool
+    except (ImportError, AttributeError) as e:
+        raise EngineContractBroken(f"a model with an indexer needs the engine's QSA pool ({QSA}.QSATokenToKVPool), "
+                                   f"which this release lacks: {e}") from None
 
 
 def _cache_params(mamba_utils: Any, layout: Layout, dt: torch.dtype) -> Any:

@@ -79,6 +79,8 @@ def plain_line(r: ScenarioResult, status: str | None = None, width: int = NAME_W
     name = f"{r.scenario.name:{width}s}"
     if r.error:
         return f"{status} {name} expected {_expected(r):12s}  error: {r.error}"
+    if r.not_restored:
+        return f"{status} {name} expected {_expected(r):12s}  observed wrong: not restored: {r.not_restored}"
     return (
         f"{status} {name} expected {_expected(r):12s} "
         f"observed {_observed(r):28s} stale {t.stale_replays:>5d}/{t.replays:<5d} "
@@ -105,6 +107,8 @@ def _live_line(r: ScenarioResult, status: str | None) -> str:
     head += f" expected {_expected(r)}"
     if r.error:
         return f"{head} [red]error[/] {escape(r.error)}"
+    if r.not_restored:
+        return f"{head} observed wrong: not restored: {escape(r.not_restored)}"
     t = r.tally
     return (f"{head} observed {_observed(r)}  stale {t.stale_replays}/{t.replays} "
             f"({t.stale_rate:.1%})  layers {_layers(r)}  findings {len(r.findings)}  "

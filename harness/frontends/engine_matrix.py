@@ -35,7 +35,8 @@ from harness.frontends.cli_args import device_arguments, out_argument, positive_
 
 RELEASES = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 ROOT = Path(__file__).resolve().parents[2]
-FILES = (ROOT / "scenarios" / "engine" / "sglang.toml", ROOT / "scenarios" / "engine" / "sglang_cow.toml")
+FILES = tuple(ROOT / "scenarios" / "engine" / name
+              for name in ("sglang.toml", "sglang_cow.toml", "sglang_host_hit.toml"))
 # The serving shapes: 8,192-token prefixes at hidden 1,024 with no injected fault. The race
 # they show comes from real copy and compute times, so they run on a GPU only.
 GPU_FILES = (ROOT / "scenarios" / "engine" / "serving.toml",)
@@ -73,8 +74,9 @@ SMALL: dict[str, Any] = {"hidden": 64, "heads": 2, "kv_heads": 1, "head_dim": 32
 def add_command(subparsers) -> None:
     p = subparsers.add_parser("engine-matrix", help="the engine scenarios on each release, one process each")
     p.add_argument("files", nargs="*", type=Path,
-                   help="scenario files (default: scenarios/engine/sglang.toml and sglang_cow.toml, on a GPU also "
-                        "serving.toml; with --engine vllm: scenarios/engine/vllm.toml)")
+                   help="scenario files (default: scenarios/engine/sglang.toml, sglang_cow.toml and "
+                        "sglang_host_hit.toml, on a GPU also serving.toml; with --engine vllm: "
+                        "scenarios/engine/vllm.toml)")
     p.add_argument("--engine", choices=sorted(MATRIX), default="sglang",
                    help="whose releases (default: %(default)s)")
     p.add_argument("--releases", default=None,
@@ -102,11 +104,12 @@ class Row:
     replays: int
     findings: int
     error: str | None
+    not_restored: str | None = None  # observed wrong: the slots the landed load op left unrestored
 
     def line(self) -> str:
         verdict = self.observed or "error"
         ok = "ok  " if self.met else "FAIL"
-        tail = f"  {self.error}" if self.error else ""
+        tail = f"  {self.error}" if self.error else f"  not restored: {self.not_restored}" if self.not_restored else ""
         return (f"{ok} {self.release:8s} {self.scenario:40s} expected {self.expect:5s} observed {verdict:5s} "
                 f"stale {self.stale_replays:4d}/{self.replays:<4d} findings {self.findings:3d}{tail}")
 
@@ -179,7 +182,7 @@ def cmd_engine_matrix(args: argparse.Namespace) -> int:
 def rows_of(version: str, doc: dict) -> list[Row]:
     return [
         Row(version, e["name"], e["expect"], e["observed"], bool(e["met"]), int(e["stale_replays"]),
-            int(e["replays"]), len(e["findings"]), e["error"])
+            int(e["replays"]), len(e["findings"]), e["error"], e.get("not_restored"))
         for e in doc["scenarios"]
     ]
 

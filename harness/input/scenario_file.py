@@ -221,6 +221,7 @@ _MODEL_FIELDS: dict[str, Parser] = {
     "dtype": _enum(DType),
     "kv_slots": _integer(0),  # 0 = sized from the batch
     "mamba_slots": _integer(0),  # 0 = sized from the batch
+    "indexer": _integer(0, 64),  # 0 = no sparse-attention index
 }
 
 
@@ -244,6 +245,12 @@ def _check_model(shape: ModelShape, key: str) -> None:
             f"{key}.heads",
             f"heads * head_dim = {shape.heads * shape.head_dim} exceeds {MAX_QUERY_WIDTH}",
         )
+    if shape.indexer and not shape.attention_layers:
+        raise _Invalid(f"{key}.indexer", "the sparse-attention index sits beside attention layers; the model has none "
+                       "(an A in layers)")
+    if shape.indexer and shape.page_size % shape.indexer:
+        raise _Invalid(f"{key}.indexer", f"page_size ({shape.page_size}) must be a multiple of indexer "
+                       f"({shape.indexer}): a page holds whole groups of compressed slots")
     # The KV pool is allocated in whole pages; a Mamba-only model has none.
     if shape.attention_layers and shape.kv_slots % shape.page_size:
         raise _Invalid(
@@ -602,6 +609,10 @@ def _check_pools(model: ModelShape, batch: tuple[Request, ...], prefix: str) -> 
             f"kv_slots = {model.kv_slots}; raise kv_slots or set it to 0 to size it "
             "from the batch",
         )
+    ragged = [r.prefix for r in batch if model.indexer and r.prefix % model.indexer]
+    if ragged:
+        raise _Invalid(f"{prefix}.batch", f"a cached prefix of {ragged[0]} tokens is not whole groups of indexer = "
+                       f"{model.indexer}: the index is loaded back a compressed slot at a time")
     if model.mamba_layers and model.mamba_slots and model.mamba_slots < mamba_needed:
         raise _Invalid(
             f"{prefix}.batch",

@@ -1,6 +1,7 @@
 """The probe arena's layout: one flat buffer, its segments, and the unit each row stands for.
 
-Everything a forward read from the pools (per-layer probes), the post-prefill Mamba
+Everything a forward read from the pools (per-layer probes, the sparse-attention index's among
+them where the model has one), the post-prefill Mamba
 state and the output sit in one flat arena, so that poisoning and comparing are a
 few kernels, not one per layer. Each row of each segment is a *unit*: one slot of
 one pool at one layer, one request's final state, or one output token. The model
@@ -31,10 +32,10 @@ BACKUP = "backup"  # a backed-up slot's host copy (the write-back's)
 
 @dataclass(frozen=True)
 class Unit:
-    segment: str  # arena segment name (k, v, conv, ssm, final_conv, final_ssm, out, backup_*, cow_*)
+    segment: str  # arena segment name (k, v, idx, conv, ssm, final_conv, final_ssm, out, backup_*, cow_*)
     kind: str  # read | final | output | backup
     layer: int  # global layer id; -1 for output
-    pool: str  # k | v | conv | ssm | out
+    pool: str  # k | v | idx | conv | ssm | out
     slot: int  # pool slot (read, final) or token row (output)
     request: int
 
@@ -105,11 +106,19 @@ def arena_layout(layout: Layout, backup: bool = False, cow: bool = False) -> Are
                       for lid in s.attention_layers for r in reqs for slot in r.new)
         return Segment(seg, (len(s.attention_layers), layout.total_new, s.kv_heads, s.head_dim), units)
 
+    def index() -> tuple[Segment, ...]:
+        if not s.indexer:
+            return ()
+        units = tuple(Unit("idx", READ, lid, Pool.IDX, slot, r.index)
+                      for lid in s.attention_layers for r in reqs for slot in s.index_rows(r.prefix))
+        return (Segment("idx", (len(s.attention_layers), layout.total_prefix // s.indexer, 1, s.head_dim), units),)
+
     out = Segment("out", (layout.total_new, s.hidden),
                   tuple(Unit("out", OUTPUT, -1, "out", tok, r.index) for r in reqs for tok in r.tokens))
     segments: tuple[Segment, ...] = (
         kv("k", Pool.K),
         kv("v", Pool.V),
+        *index(),
         state("conv", Pool.CONV, READ, s.conv - 1),
         state("ssm", Pool.SSM, READ, s.state),
         state("final_conv", Pool.CONV, FINAL, s.conv - 1),

@@ -27,7 +27,7 @@ import torch.nn.functional as F  # noqa: N812 - torch's own idiom
 
 from harness.devices.base import Device, dtype_of
 from harness.model.arena import arena_layout, backup_segment, cow_segment
-from harness.protocol.layout import Layout, prefix_regions
+from harness.protocol.layout import Layout, index_regions, prefix_regions
 from harness.protocol.pools import HybridPool
 from harness.protocol.writeback import HostBackup
 from harness.records.trace import Pool, Region
@@ -188,6 +188,7 @@ class ProbeSet:
         spans = self.layout.spans()
         views = {s.name: self.arena[slice(*spans[s.name])].view(s.shape) for s in self.layout.segments}
         self.k, self.v = views["k"], views["v"]
+        self.idx = views.get("idx")  # the sparse-attention index read (None: the model has none)
         self.conv, self.ssm = views["conv"], views["ssm"]
         self.final_conv, self.final_ssm = views["final_conv"], views["final_ssm"]
         self.out = views["out"]
@@ -230,7 +231,9 @@ class HybridModel:
         self.masks = [causal_mask(len(r.prefix), len(r.new), device) for r in reqs]
         # Regions each layer loads (and so reads stale when unfenced), and the new-token
         # slots attention writes: fixed per batch, so built once, not per replay.
-        self.loaded = {lid: tuple(prefix_regions(layout, lid)) for lid in range(s.num_layers)}
+        self.loaded = {lid: tuple(r for r in prefix_regions(layout, lid) if r.pool != Pool.IDX)
+                       for lid in range(s.num_layers)}
+        self.index_read = {lid: tuple(index_regions(layout, lid)) for lid in s.attention_layers}
         self.new_kv = {
             lid: tuple(Region(p, lid, r.new.start, r.new.stop) for r in reqs for p in (Pool.K, Pool.V))
             for lid in s.attention_layers
@@ -277,6 +280,11 @@ class HybridModel:
 
     def _attend(self, lid: int) -> None:
         kv = self.pool.kv
+        if self.layout.shape.indexer:
+            # The indexer's kernel reads the layer's index keys before attention reads its KV (it
+            # picks the blocks attention reads), so its accessor's wait is the only one before it.
+            idx = kv.get_index_buffer(lid)
+            self.dev.launch(lambda: self._index(lid, idx), reads=self.index_read[lid], what=f"L{lid} indexer")
         k_buf = kv.get_key_buffer(lid)  # the engine's waiting accessors
         v_buf = kv.get_value_buffer(lid)
         self.dev.launch(lambda: self._attention(lid, k_buf, v_buf),
@@ -295,6 +303,19 @@ class HybridModel:
             tok = slice(r.tokens.start, r.tokens.stop)
             out = attention(self.q[tok], k_buf[span], v_buf[span], self.masks[r.index])
             self.mix[tok, :width].copy_(out)
+
+    def _index(self, lid: int, idx: torch.Tensor) -> None:
+        """The indexer's read of the cached prefix's index keys, into the probe arena. (The model's
+        attention is dense: what the index selects is not modelled, so a stale index shows in this
+        read alone.)"""
+        probe = self.probes.idx
+        assert probe is not None
+        a = self.pool.kv.layer_index[lid]
+        s = self.layout.shape
+        for r in self.layout.requests:
+            rows = s.index_rows(r.prefix)
+            first = r.host_offset // s.indexer
+            probe[a, first:first + len(rows)].copy_(idx[rows.start:rows.stop])
 
     def _o_mlp(self, w: AttentionWeights) -> None:
         width = w.w_o.shape[1]

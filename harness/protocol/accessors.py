@@ -1,9 +1,9 @@
 """Accessor wait policies: what a pool accessor does before it hands out a layer's buffer.
 
 A policy is a callable `policy(counter, layer_id: int, pool: str) -> None`, called
-by the KV accessors (`pool == "kv"`) and the hybrid pool's Mamba accessor
-(`pool == "mamba"`) each time the forward asks for a layer's buffer, on the host,
-with the forward stream current: eagerly, and once while a graph is captured (a
+by the KV accessors (`pool == "kv"`), the sparse-attention index's accessor (`pool ==
+"index"`) and the hybrid pool's Mamba accessor (`pool == "mamba"`) each time the forward
+asks for a layer's buffer, on the host, with the forward stream current: eagerly, and once while a graph is captured (a
 replay runs no Python, so no policy runs inside one; a wait on an external event
 made during capture becomes a wait node of the graph). `counter` is the
 `LoadCounter` of pending loads. A policy may be a class, made once per scenario with no
@@ -36,8 +36,16 @@ def kv_only(counter: LoadCounter, layer_id: int, pool: str) -> None:
         counter.wait_until(layer_id)
 
 
+def no_index_wait(counter: LoadCounter, layer_id: int, pool: str) -> None:
+    """Mutant: every accessor waits but the sparse-attention index's, which the indexer reads
+    before the layer's KV (SGLang's QSA pool before the wait sgl-project/sglang#39893 added)."""
+    if pool != "index":
+        counter.wait_until(layer_id)
+
+
 ACCESSORS: dict[str, AccessorPolicy] = {
     "per_layer": per_layer,
     "none": no_waits,
     "kv_only": kv_only,
+    "no_index_wait": no_index_wait,
 }

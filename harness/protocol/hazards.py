@@ -451,11 +451,16 @@ def poison(bed: HazardBed, new_tokens: bool = False) -> None:
     if new_tokens:
         written += tuple(r for lid in layout.shape.attention_layers for r in backup_regions(layout, lid))
 
+    s = layout.shape
+    index = [s.index_rows(r.prefix) for r in layout.requests] if s.indexer else []
+
     def fill() -> None:
         for r in layout.requests:
             kv = slice(r.prefix.start, r.new.stop if new_tokens else r.prefix.stop)
             pool.kv.k[:, kv].fill_(p)
             pool.kv.v[:, kv].fill_(p)
+        for rows in index:
+            pool.kv.idx[:, rows.start:rows.stop].fill_(p)
         pool.mamba.conv[:, layout.mamba_rows].fill_(p)
         pool.mamba.ssm[:, layout.mamba_rows].fill_(p)
 

@@ -93,13 +93,23 @@ def plan_layout(shape: ModelShape, batch: tuple[Request, ...]) -> Layout:
 
 
 def prefix_regions(layout: Layout, layer_id: int) -> list[Region]:
-    """The pool regions layer `layer_id` loads back (and so the slots a read may find stale)."""
-    if layout.shape.layers[layer_id] == "A":
-        return [
-            Region(pool, layer_id, r.prefix.start, r.prefix.stop)
-            for r in layout.requests
-            for pool in (Pool.K, Pool.V)
-            if len(r.prefix)
-        ]
+    """The pool regions layer `layer_id` loads back (and so the slots a read may find stale): an
+    attention layer's K and V of each request (in that order, a request after another), then, with
+    a sparse-attention index, each request's index rows."""
+    s = layout.shape
+    if s.layers[layer_id] == "A":
+        loaded = [r for r in layout.requests if len(r.prefix)]
+        kv = [Region(pool, layer_id, r.prefix.start, r.prefix.stop) for r in loaded for pool in (Pool.K, Pool.V)]
+        return kv + index_regions(layout, layer_id)
     rows = layout.mamba_rows
     return [Region(pool, layer_id, rows.start, rows.stop) for pool in (Pool.CONV, Pool.SSM)]
+
+
+def index_regions(layout: Layout, layer_id: int) -> list[Region]:
+    """An attention layer's sparse-attention index rows that the load-back restores: each request's
+    prefix in compressed slots (none without an index)."""
+    s = layout.shape
+    if not s.indexer or s.layers[layer_id] != "A":
+        return []
+    return [Region(Pool.IDX, layer_id, rows.start, rows.stop)
+            for r in layout.requests if len(r.prefix) for rows in (s.index_rows(r.prefix),)]

@@ -102,7 +102,8 @@ def plan_copies(layout: Layout, host: HostPool, pool: HybridPool, chunks: int = 
     """Each layer's H2D copies, as views, built once so a load op only enqueues them.
 
     Attention layers copy K and V per request (each request's prefix is contiguous
-    on both sides); Mamba layers copy the batch's conv and SSM state slots at once.
+    on both sides), and the index rows of its prefix where the model has an index;
+    Mamba layers copy the batch's conv and SSM state slots at once.
     With `chunks` > 1 every copy is split along its slots, chunk by chunk, so a
     fault can hold the stream between the parts of one layer.
     """
@@ -149,11 +150,18 @@ def _layer_copies(
     if layout.shape.layers[layer] == "A":
         a = pool.kv.layer_index[layer]
         loaded = [r for r in layout.requests if len(r.prefix)]
-        for r, rk, rv in zip(loaded, regions[0::2], regions[1::2], strict=False):
+        kv = regions[: 2 * len(loaded)]
+        for r, rk, rv in zip(loaded, kv[0::2], kv[1::2], strict=True):
             rows = slice(r.host_offset, r.host_offset + len(r.prefix))
             dst = slice(r.prefix.start, r.prefix.stop)
             yield pool.kv.k[a, dst], host.k[a, rows], rk, on_host(rk, r.host_offset)
             yield pool.kv.v[a, dst], host.v[a, rows], rv, on_host(rv, r.host_offset)
+        s = layout.shape
+        index = regions[2 * len(loaded):] if s.indexer else []
+        for r, ri in zip(loaded if s.indexer else [], index, strict=True):
+            first = r.host_offset // s.indexer
+            rows = slice(first, first + ri.stop - ri.start)
+            yield pool.kv.idx[a, ri.start:ri.stop], host.idx[a, rows], ri, on_host(ri, first)
     else:
         m = pool.mamba.layer_index[layer]
         rc, rs = regions

@@ -1,8 +1,8 @@
 """Device and host pools, and the accessors that wait.
 
 The accessors are the engine's waiting points: KV `get_key_buffer` /
-`get_value_buffer` and the hybrid pool's Mamba layer cache run the accessor wait
-policies (the engine's: `LayerDoneCounter.wait_until(layer_id)`, see
+`get_value_buffer`, the sparse-attention index's `get_index_buffer` and the hybrid pool's
+Mamba layer cache run the accessor wait policies (the engine's: `LayerDoneCounter.wait_until(layer_id)`, see
 `harness.protocol.accessors`) before handing out the buffer. The bare Mamba pool's
 `layer_cache` does not wait, as the engine's does not.
 """
@@ -19,6 +19,17 @@ from harness.protocol.accessors import AccessorPolicy
 from harness.protocol.counter import LoadCounter
 from harness.protocol.layout import Layout
 from harness.records.trace import Region
+
+# The sparse-attention index keys' storage dtype, whatever the model's: QSA's own (its
+# `--qsa-indexer-dtype auto` keeps the compressed keys in bf16).
+INDEX_DTYPE = torch.bfloat16
+
+
+def index_shape(layout: Layout, slots: int) -> tuple[int, int, int, int]:
+    """The index keys of every attention layer over `slots` KV slots: [layers, compressed slots,
+    1 index head, head_dim] (one compressed slot a run of `indexer` KV slots)."""
+    s = layout.shape
+    return (max(len(s.attention_layers), 1), slots // s.indexer if s.indexer else 0, 1, s.head_dim)
 
 
 class _Waits:
@@ -70,7 +81,8 @@ class _EachLayer(list):
 
 
 class KVPool:
-    """Device KV pool: K and V per attention layer, indexed [layer, slot, kv_head, dim]."""
+    """Device KV pool: K and V per attention layer, indexed [layer, slot, kv_head, dim]; with a
+    sparse-attention index, its keys per attention layer too, [layer, compressed slot, 1, dim]."""
 
     def __init__(self, dev: Device, layout: Layout, waits: _Waits):
         s = layout.shape
@@ -80,6 +92,8 @@ class KVPool:
         # an engine's pool holds one tensor per layer (LayerTensors), indexed alike
         self.k: torch.Tensor | LayerTensors = torch.zeros(shape, dtype=dtype_of(s.dtype), device=dev.torch_device)
         self.v: torch.Tensor | LayerTensors = torch.zeros(shape, dtype=dtype_of(s.dtype), device=dev.torch_device)
+        self.idx: torch.Tensor | LayerTensors = torch.zeros(index_shape(layout, layout.kv_slots), dtype=INDEX_DTYPE,
+                                                            device=dev.torch_device)
         self._waits = waits
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
@@ -89,6 +103,11 @@ class KVPool:
     def get_value_buffer(self, layer_id: int) -> torch.Tensor:
         self._waits(layer_id, "kv")
         return self.v[self.layer_index[layer_id]]
+
+    def get_index_buffer(self, layer_id: int) -> torch.Tensor:
+        """The layer's sparse-attention index keys (read before its KV, as an indexer is)."""
+        self._waits(layer_id, "index")
+        return self.idx[self.layer_index[layer_id]]
 
 
 class MambaPool:
@@ -148,7 +167,8 @@ class HybridPool:
 
 
 class HostPool:
-    """Pinned host copies of each request's cached prefix KV and Mamba state.
+    """Pinned host copies of each request's cached prefix KV and Mamba state (and, with a
+    sparse-attention index, its keys: one row a compressed slot of each prefix, request after request).
 
     `name` names its memory in the op list (`Pool.on_host(name, pool)` regions), so that a
     write the host makes to it can be told apart from writes to another host buffer.
@@ -161,12 +181,14 @@ class HostPool:
         g = torch.Generator().manual_seed(seed + 7919)
         n_a, n_m, b = len(s.attention_layers), len(s.mamba_layers), len(layout.requests)
 
-        def filled(shape: tuple[int, ...]) -> torch.Tensor:
-            t = dev.empty_host(shape, dt)
-            t.copy_(torch.randn(shape, generator=g).to(dt))
+        def filled(shape: tuple[int, ...], dtype: torch.dtype = dt) -> torch.Tensor:
+            t = dev.empty_host(shape, dtype)
+            t.copy_(torch.randn(shape, generator=g).to(dtype))
             return t
 
         self.k = filled((n_a, layout.total_prefix, s.kv_heads, s.head_dim))
         self.v = filled((n_a, layout.total_prefix, s.kv_heads, s.head_dim))
         self.conv = filled((n_m, b, s.d_inner, s.conv - 1))
         self.ssm = filled((n_m, b, s.d_inner, s.state))
+        # Drawn last, so a model without an index gets the same data as before it had one.
+        self.idx = filled(index_shape(layout, layout.total_prefix), INDEX_DTYPE)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import signal
 
+from harness.records.trace import Region
+
 
 class HarnessError(Exception):
     """Root of every error the harness raises on purpose."""
@@ -121,6 +123,24 @@ class EngineContractBroken(HarnessError):
     point did not load the batch, did not replay the harness's graph exactly once, or the host
     synchronised between the load's start and the replay. It ends that scenario as an error;
     the message says which."""
+
+
+class NotRestored(HarnessError):
+    """Every load op of the batch landed (the host waited for it), and slots it should have restored
+    do not hold their host data: the engine's load chain restored them nowhere, or somewhere else.
+    Not an ordering bug (no wait can fix it): the scenario's verdict is `wrong`, with these slots.
+
+    `regions`: the slots, each one copy of the harness's plan of what a restore holds."""
+
+    def __init__(self, regions: tuple[Region, ...]):
+        self.regions = regions
+        super().__init__(f"not restored: {describe_regions(regions)}")
+
+
+def describe_regions(regions: tuple[Region, ...], most: int = 6) -> str:
+    """Regions in a line: the first `most`, then how many more."""
+    shown = ", ".join(str(r) for r in regions[:most])
+    return shown + (f" and {len(regions) - most} more" if len(regions) > most else "")
 
 
 class ReportInputError(InputError):

@@ -23,6 +23,8 @@ def split_problem(shape: ModelShape, tp: int) -> str | None:
         return None
     if shape.mamba_layers:
         return "tensor parallelism splits attention heads and MLP columns; Mamba layers are not split (use A layers)"
+    if shape.indexer:
+        return "the sparse-attention index (indexer) is not split across ranks (leave indexer out)"
     shares = (("heads", shape.heads), ("kv_heads", shape.kv_heads), ("2 * hidden (the MLP width)", 2 * shape.hidden))
     for what, n in shares:
         if n % tp:

@@ -93,6 +93,10 @@ class PressureProcess(NamedEnum):
 class Expect(NamedEnum):
     RACE = "race"
     CLEAN = "clean"
+    # Every load op landed (the host waited for it), and slots it should have restored still do not
+    # hold their host data: a missing or misplaced restore (an engine's load chain), which no ordering
+    # fixes. Seen before any replay, in ground truth; no replay runs.
+    WRONG = "wrong"
 
 
 class Evidence(NamedEnum):
@@ -127,6 +131,10 @@ class ModelShape:
     dtype: DType = DType.BF16
     kv_slots: int = 0  # device KV pool token slots; 0 = sized from the batch
     mamba_slots: int = 0  # device Mamba pool slots (slot 0 reserved); 0 = from the batch
+    # A sparse-attention index beside each attention layer's KV (the QSA indexer of Qwen4-Exp models):
+    # one compressed index key a run of `indexer` KV slots (the compress ratio; compressed slot =
+    # KV slot // indexer), read before the layer's KV. 0: none.
+    indexer: int = 0
 
     @property
     def num_layers(self) -> int:
@@ -143,6 +151,10 @@ class ModelShape:
     @property
     def d_inner(self) -> int:
         return self.expand * self.hidden
+
+    def index_rows(self, slots: range) -> range:
+        """The compressed index slots of a run of KV slots (whole groups of `indexer`)."""
+        return range(slots.start // self.indexer, slots.stop // self.indexer)
 
     @property
     def kind(self) -> str:

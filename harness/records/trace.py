@@ -31,6 +31,7 @@ class Pool:
     V = "v"
     CONV = "conv"
     SSM = "ssm"
+    IDX = "idx"  # an attention layer's sparse-attention index (compressed slots: KV slot // ratio)
 
     @staticmethod
     def on_host(buffer: str, pool: str) -> str:

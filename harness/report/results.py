@@ -46,6 +46,7 @@ def scenario_entry(r: ScenarioResult) -> dict:
         "met": v.met,
         "verdict": v.describe(),
         "error": r.error,
+        "not_restored": r.not_restored,
         "replays": t.replays,
         "stale_replays": t.stale_replays,
         "stale_rate": t.stale_rate,

@@ -7,7 +7,9 @@ A document is one JSON object::
     environment     {device, torch, gpu?, cuda?, driver?, ...}: what the device and host reported
     summary         {scenarios, met, errors}: counts
     scenarios       one entry per scenario, in run order:
-        name, expect ("race" | "clean"), observed ("race" | "clean" | null on error), met, error,
+        name, expect ("race" | "clean" | "wrong"), observed ("race" | "clean" | "wrong" | null on
+        error), met, error, not_restored (optional: with observed "wrong", the slots the landed load
+        op left unrestored, in words),
         replays, stale_replays, stale_rate, stale_layers {layer: replays}, findings [sentence],
         timings {wall_s, replay_loop_s, replays_per_s},
         stale_interval
@@ -158,8 +160,9 @@ REGION = {"pool": STR, "layer": INT, "start": INT, "stop": INT}
 
 SCENARIO = {
     "name": STR,
-    "expect": OneOf("race", "clean"),
-    "observed": Nullable(OneOf("race", "clean")),
+    "expect": OneOf("race", "clean", "wrong"),
+    "observed": Nullable(OneOf("race", "clean", "wrong")),
+    "not_restored?": Nullable(STR),
     "evidence?": [OneOf("data", "analysis", "graph")],
     "verdict?": STR,
     "met": BOOL,
@@ -244,7 +247,7 @@ SCHEMA = {
                     "ratio_to_bound": NUMBER, "load_ms": NUMBER, "compute_ms": NUMBER}],
     }),
     "graph_check?": Nullable({
-        "scenarios": [{"name": STR, "expect": OneOf("race", "clean"),
+        "scenarios": [{"name": STR, "expect": OneOf("race", "clean", "wrong"),
                        "graph": OneOf("race", "clean", "error", "not checked"),
                        "status": OneOf("agrees", "disagrees", "error", "not a graph race", "not checked"),
                        "compared": BOOL, "findings": INT, "op_list": OneOf("matched", "differs", "not read", "-"),

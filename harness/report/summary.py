@@ -208,6 +208,8 @@ def observed_text(s: dict) -> str:
     """The verdict with its evidence ("race (data, analysis)"), as the run decided it."""
     if s.get("error"):
         return f"error: {s['error']}"
+    if s.get("not_restored"):
+        return f"wrong: not restored: {s['not_restored']}"
     text = s.get("verdict") or s["observed"] or "-"  # no verdict: written before verdicts had evidence
     if s.get("tp"):  # a tensor-parallel scenario: which rank read stale, and whom the collective reached
         text += f"; tp {s['tp']['tp']}: {s['tp']['verdict']}"

@@ -26,7 +26,7 @@ from harness.faults.contention import Contention, contention
 from harness.faults.plan import sweep_points
 from harness.faults.registry import fault_strategy
 from harness.model.runners import Runner
-from harness.records.errors import GraphMismatch, HarnessError
+from harness.records.errors import GraphMismatch, HarnessError, NotRestored, describe_regions
 from harness.records.ranks import CrossRank
 from harness.records.rates import Rate, Until
 from harness.records.scenario import Expect, Scenario
@@ -48,6 +48,7 @@ class ScenarioResult:
     scenario: Scenario
     tally: Tally = field(default_factory=Tally)
     error: str | None = None
+    not_restored: str | None = None  # ground truth found slots the landed load op did not restore
     wall_s: float = 0.0
     replay_s: float = 0.0  # the replay loop alone
     trace: Trace | None = None
@@ -79,7 +80,8 @@ class ScenarioResult:
     def seal(self) -> Verdict:
         """Decide the verdict from what was seen (`harness.run.verdict`); call once, at the end."""
         graph_findings = len(self.graph.findings) if self.graph is not None else 0
-        self.verdict = decide(self.scenario, self.tally.stale_replays, len(self.findings), self.error, graph_findings)
+        self.verdict = decide(self.scenario, self.tally.stale_replays, len(self.findings), self.error, graph_findings,
+                              self.not_restored)
         return self.verdict
 
     @property
@@ -203,6 +205,8 @@ def run_scenario(
         finally:
             result.replay_s = time.perf_counter() - t1
         ended = True
+    except NotRestored as e:  # found in ground truth: the verdict is wrong, and no replay runs
+        result.not_restored = describe_regions(e.regions)
     except HarnessError as e:  # a plugin's failure (PluginError) is one of these
         result.error = str(e)
     except torch.OutOfMemoryError as e:  # one scenario's OOM must not end the run

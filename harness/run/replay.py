@@ -52,6 +52,7 @@ from harness.protocol.schedules import LoadOp, layerwise
 from harness.records.errors import (
     GateTimeout,
     GateUnavailable,
+    NotRestored,
     PluginError,
     ReplayTimeout,
 )
@@ -101,7 +102,9 @@ def ground_truth(tb: Testbed, timeout_s: float) -> Oracle:
     """The replay's steps with every load landed (host-synced) before the eager forward.
 
     Always the engine's own load op and accessor waits: the truth must not depend on
-    the variant under test.
+    the variant under test. Where an engine's load chain ran that load op, the slots it should
+    have restored are checked against their host data first: slots it left otherwise make the
+    scenario `wrong` (NotRestored), since a reference that reads them is no truth.
     """
     dev = tb.dev
     tb.set_waits(per_layer)
@@ -112,6 +115,9 @@ def ground_truth(tb: Testbed, timeout_s: float) -> Oracle:
         tb.hazard.prepare(tb.bed)
         op = tb.start_load(plan, schedule=layerwise)
         dev.synchronize(timeout_s)
+        unrestored = tb.unrestored()
+        if unrestored:
+            raise NotRestored(unrestored)
         tb.hazard.before_forward(tb.bed, op, truth=True)
         EagerRunner(dev, tb.model, tb.counter).run()
         tb.hazard.after_forward(tb.bed, plan, tb.other_load(layerwise), truth=True)

@@ -28,6 +28,7 @@ from harness.protocol.schedules import LayerListener, LoadOp, LoadStarter, Sched
 from harness.protocol.writeback import HostBackup, WriteBack, transfer_policy
 from harness.records.errors import ReplayTimeout
 from harness.records.scenario import Backend, Scenario
+from harness.records.trace import Region
 
 
 class Testbed:
@@ -70,6 +71,7 @@ class Testbed:
         self.forward = dev.Stream("forward")
         self.load = self.engine_load.stream if self.engine_load is not None else dev.Stream("load")
         self.ran = dev.Event()  # recorded after the forward, when a gate waits for it
+        self.engine_loaded = False  # whether the engine's own load chain ran the last load op
         chunks = fault_strategy(s.fault).chunks(s.fault)
         # Built once: the replay loop only enqueues (host time there shifts the race window).
         self.copies = plan_copies(layout, self.host, self.pool, chunks)
@@ -92,7 +94,8 @@ class Testbed:
                    copies: CopyPlan | None = None) -> LoadOp:
         """Enqueue a load op (on the forward stream, as the engine does); the batch carries its index."""
         self._wait_for_free_slot()
-        if self.engine_load is not None and self._by_engine(schedule, copies):
+        self.engine_loaded = self.engine_load is not None and self._by_engine(schedule, copies)
+        if self.engine_load is not None and self.engine_loaded:
             op = self.engine_load.start(plan, gate, self.listeners)
             self.counter.set_consumer(op.index)
             return op
@@ -100,6 +103,16 @@ class Testbed:
                            self.layout, schedule or self.schedule, gate, self.listeners, self.starters)
         self.counter.set_consumer(op.index)
         return op
+
+    def unrestored(self) -> tuple[Region, ...]:
+        """Once the last load op has landed (the host waited for it): the slots it should have
+        restored that do not hold their host data, each a copy of the harness's plan. Only an
+        engine's load chain is asked (the harness's own load op is that plan); its answer says
+        whether the chain restored the batch where the model reads it."""
+        if not self.engine_loaded:
+            return ()
+        return tuple(c.region for layer in self.copies for chunk in layer for c in chunk
+                     if not torch.equal(c.dst.cpu(), c.src.cpu()))
 
     def drain_load(self) -> None:
         """Enqueue now what the schedule left to a loader thread of its own (`AsyncEnqueue.drain`);

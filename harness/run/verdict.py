@@ -10,6 +10,9 @@ plugin, and (from results.json) compare and the reports.
 - A scenario that expects a race is met by any evidence, unless it demands one
   kind (`evidence = "data"`: a scenario meant to show the data going wrong).
 - A scenario that expects clean is met only with no stale data and no findings.
+- Wrong is observed when ground truth itself finds slots the landed load op did not restore
+  (`NotRestored`): no replay runs, and no ordering could make it right. A scenario that expects
+  wrong is met by that alone.
 - A scenario that ended in an error meets nothing.
 
 `fence-harness graph-check` asks one question of each scenario, answered here too
@@ -33,6 +36,7 @@ class Verdict:
     evidence: tuple[Evidence, ...]  # what showed a race, in Evidence order (empty: none did)
     demanded: Evidence | None = None  # the evidence an expected race must show (None: any)
     error: str | None = None
+    not_restored: str | None = None  # observed wrong: the slots the landed load op did not restore
 
     @property
     def met(self) -> bool:
@@ -44,6 +48,8 @@ class Verdict:
         """The verdict in a few words: 'race (data, analysis)', 'clean', 'error'."""
         if self.error is not None:
             return "error"
+        if self.observed is Expect.WRONG:
+            return "wrong (not restored)"
         if self.observed is Expect.RACE:
             return f"race ({', '.join(e.value for e in self.evidence)})"
         return "clean"
@@ -54,6 +60,10 @@ class Verdict:
             return None
         if self.error is not None:
             return f"error: {self.error}"
+        if self.observed is Expect.WRONG:
+            return f"every load landed, and the load op left slots unrestored: {self.not_restored}"
+        if self.expect is Expect.WRONG:
+            return "every slot was restored (the landed load op left none wrong)"
         if self.expect is Expect.CLEAN:
             return f"a race showed in {_listed([e.value for e in self.evidence])}"
         if self.observed is Expect.CLEAN:
@@ -68,9 +78,11 @@ def _listed(words: list[str]) -> str:
 
 
 def decide(scenario: Scenario, stale_replays: int, findings: int, error: str | None = None,
-           graph_findings: int = 0) -> Verdict:
+           graph_findings: int = 0, not_restored: str | None = None) -> Verdict:
     if error is not None:
         return Verdict(scenario.expect, None, (), scenario.evidence, error)
+    if not_restored is not None:
+        return Verdict(scenario.expect, Expect.WRONG, (), scenario.evidence, not_restored=not_restored)
     seen = {Evidence.DATA: stale_replays > 0, Evidence.ANALYSIS: findings > 0, Evidence.GRAPH: graph_findings > 0}
     evidence = tuple(e for e in Evidence if seen[e])
     observed = Expect.RACE if evidence else Expect.CLEAN

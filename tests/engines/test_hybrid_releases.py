@@ -85,3 +85,47 @@ def test_mamba_and_hybrid_through_the_engines_chain_are_stale_before_the_fix_and
         else:
             assert r["observed"] == "race" and r["stale"] == r["replays"] and r["findings"], r
         assert r["expect"] == r["observed"], r  # the scenario file says the same per release
+
+
+INDEX_CHILD = r"""
+import dataclasses, json, logging, warnings
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+from harness.devices.sim import SimDevice
+from harness.engines import sglang as adapter
+from harness.frontends.engine_matrix import FILES, SMALL
+from harness.run.pipeline import run_scenario
+from harness.input.scenario_file import load_file
+
+eng = adapter.load()
+rows = []
+for s in load_file(next(f for f in FILES if f.name == "sglang_host_hit.toml")):
+    if not s.model.indexer:
+        continue
+    r = run_scenario(s.with_overrides(model=dataclasses.replace(s.model, **SMALL)), SimDevice(), replays=3)
+    rows.append(dict(name=s.name, expect=s.expect.value, observed=r.observed and r.observed.value,
+                     not_restored=r.not_restored, stale=r.tally.stale_replays, replays=r.tally.replays,
+                     findings=len(r.findings), error=r.error))
+print(json.dumps({"version": eng.version, "rows": rows}))
+"""
+
+
+@pytest.mark.parametrize("release, restores", [("0.5.21", False), ("0.5.23", True)])
+def test_a_host_hit_leaves_the_index_unrestored_before_its_host_pool_and_restores_it_after(release, restores):
+    """sgl-project/sglang#39830 on the releases either side of the index's host pool: 0.5.21 restores
+    the KV and the Mamba state and leaves the index of every attention layer as it was (wrong, in
+    ground truth, whatever the fence); 0.5.23 restores it and orders its read."""
+    target = em.install(release, em.ROOT / ".engines")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), str(em.ROOT)]))
+    done = subprocess.run([sys.executable, "-c", INDEX_CHILD], env=env, capture_output=True, text=True, timeout=900,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    assert doc["version"] == release and len(doc["rows"]) == 5
+    for r in doc["rows"]:
+        assert r["error"] is None and r["expect"] == r["observed"], r
+        if restores:
+            assert r["not_restored"] is None and r["replays"] == 3, r
+        else:
+            assert r["observed"] == "wrong" and r["replays"] == 0 and not r["findings"], r
+            assert r["not_restored"] == "idx[L3, slots 16:80], idx[L7, slots 16:80]", r  # page 0 is padding
