@@ -167,6 +167,22 @@ def test_the_listing_as_on_a_cuda_host_imports_no_cuda_platform_and_no_compiled_
     assert all(Path(f).is_file() for fs in found["dist_files"].values() for f in fs)
 
 
+def test_without_the_harness_platform_first_a_cuda_host_would_take_vllms_cuda_platform_and_fail():
+    # The listing's teeth: vLLM's detection answering CUDA, and vLLM imported before the adapter set its
+    # platform, reaches vllm.platforms.cuda, whose compiled vllm._C is missing (from a pack) or built
+    # for another torch; the adapter's own load, in the same setting, runs.
+    version, folder = _release()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), str(ROOT)]))
+    setup = "from harness.frontends import engine_pack_vllm as p; p.follow_cuda(); p.detect_cuda(); "
+    bare = subprocess.run([sys.executable, "-c", setup + "import vllm.config"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert bare.returncode != 0 and "vllm/platforms/cuda.py" in bare.stderr, bare.stderr[-2000:]
+    ours = subprocess.run([sys.executable, "-c", setup + "p.run_cuda_path()"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert ours.returncode == 0, ours.stderr[-2000:]
+    assert f"vllm {version} as on a CUDA host: FULL asked, the connector declaring False -> FULL" in ours.stderr
+
+
 def test_a_releases_folder_in_the_pack_holds_only_what_the_adapter_imports(tmp_path):
     version, folder = _release()
     sizes = pv.pack([version], folder.parent, tmp_path, wheels=False)
