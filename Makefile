@@ -4,9 +4,10 @@
 # make engine-matrix the engine scenarios on sglang 0.5.20-0.5.23 and vllm 0.13.0, 0.16.0, 0.17.0, each release
 #                in its own process
 # make test-vllm  the vLLM adapter's and connector-check's tests on each vLLM release (own venv)
-# make engine-pack   .engines/carry: releases 0.5.22 and 0.5.23 for a GPU host with no package index
-# make engine-from-pack  on that GPU host: the engine scenarios on each release of the pack, on the
-#                host's own torch (nothing installed into its interpreter)
+# make engine-pack   .engines/carry: sglang 0.5.22 and 0.5.23, vllm 0.16.0 and 0.17.0 for a GPU host
+#                with no package index (PACK_ENGINES chooses the engines)
+# make engine-from-pack  on that GPU host: the engine scenarios on each release of the pack (sglang's and
+#                vllm's), on the host's own torch (nothing installed into its interpreter)
 # make run       the default scenario set: on the GPU when torch sees one, else on the CPU simulator
 #                (which skips the natural set's serving shapes, scenarios/natural.toml)
 # make gpu-test  the pull-request gate: GPU tests + every scenario of the default, faults and
@@ -94,15 +95,17 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLPY) -m pip install -q -e '.[dev,vllm]'
 	touch $@
 
-# The adapter's and connector-check's tests, once per release folder (installed as engine-matrix does);
-# required: a test module that cannot import what it drives fails here, where elsewhere it skips.
+# The adapter's, connector-check's and the vLLM pack's tests, once per release folder (installed as
+# engine-matrix does; on 0.17.0 the pack's test also simulates a GPU host on the CPU, downloading the
+# pack's wheels for this CPython); required: a test module that cannot import what it drives fails
+# here, where elsewhere it skips.
 test-vllm: $(VLLM_VENV)/.installed
 	for v in $(subst $(comma),$(space),$(VLLM_RELEASES)); do \
 		test -f $(ENGINES_DIR)/vllm-$$v/vllm/__init__.py || \
 			$(VLPY) -m pip install -q --no-deps --target $(ENGINES_DIR)/vllm-$$v vllm==$$v || exit 2; \
 		FENCE_HARNESS_VLLM_TEST=required PYTHONPATH=$(ENGINES_DIR)/vllm-$$v $(VLPY) -m pytest -q -m "not gpu" -p no:cacheprovider \
 			tests/engines/test_vllm.py tests/engines/test_vllm_offload.py tests/frontends/test_connector_check.py \
-			|| exit 1; \
+			tests/frontends/test_engine_pack_vllm.py || exit 1; \
 	done
 	for v in $(subst $(comma),$(space),$(VLLM_LOAD_RELEASES)); do \
 		test -f $(ENGINES_DIR)/vllm-$$v/vllm/__init__.py || \
@@ -112,34 +115,66 @@ test-vllm: $(VLLM_VENV)/.installed
 	done
 
 # For a GPU host with no package index: .engines/carry holds each release's imported files, stubs
-# of its compiled-kernel packages and the wheels the GPU image lacks (see harness/frontends/engine_pack.py).
-engine-pack: $(ENGINE_VENV)/.installed
-	$(EPY) -m harness engine-pack --releases 0.5.22,0.5.23 --engines-dir $(ENGINES_DIR)
+# of its compiled-kernel packages and the wheels the GPU image lacks, per engine (PACK_ENGINES):
+# sglang-VERSION, stubs, wheels (harness/frontends/engine_pack.py); vllm-VERSION, stubs-vllm,
+# wheels-vllm and wheels-vllm/transformers (harness/frontends/engine_pack_vllm.py). Each part's size
+# is printed; carry what the run needs (one engine's folders, see docs/engines.md).
+PACK_ENGINES        ?= sglang vllm
+PACK_SGLANG_RELEASES ?= 0.5.22,0.5.23
+PACK_VLLM_RELEASES  ?= 0.16.0,0.17.0
+engine-pack: $(if $(filter sglang,$(PACK_ENGINES)),$(ENGINE_VENV)/.installed) \
+	$(if $(filter vllm,$(PACK_ENGINES)),$(VLLM_VENV)/.installed)
+	$(if $(filter sglang,$(PACK_ENGINES)),$(EPY) -m harness engine-pack --releases $(PACK_SGLANG_RELEASES) \
+		--engines-dir $(ENGINES_DIR))
+	$(if $(filter vllm,$(PACK_ENGINES)),$(VLPY) -m harness engine-pack --engine vllm --releases $(PACK_VLLM_RELEASES) \
+		--engines-dir $(ENGINES_DIR))
 
-# On the GPU host, with the pack brought over (one release's folder, stubs and wheels are enough):
-# the wheels go into a temporary folder (pip --no-index --no-deps --target; it goes when the run
-# ends), which joins the stubs on PYTHONPATH, and engine-matrix runs every release of the pack
-# (PACK_RELEASES) from its folder on the host's own torch. PACK_REPLAYS: replays a scenario (empty:
-# each scenario's own); PACK_DEVICE sim runs it on the simulator (shrunk models) instead.
+# On the GPU host, with the pack brought over (one release's folder with its engine's stubs and wheels
+# is enough): per engine, the wheels go into a temporary folder (pip --no-index --no-deps --target; it
+# goes when the run ends), which joins that engine's stubs on PYTHONPATH, and engine-matrix runs every
+# release of the pack from its folder on the host's own torch: sglang's (PACK_RELEASES: the
+# sglang-VERSION folders), then vllm's (PACK_VLLM: the vllm-VERSION folders, `--engine vllm`; the
+# carried Transformers is installed only where the host's own is outside a release's range, and the
+# command says which runs). Set either to empty to leave that engine out. PACK_REPLAYS: replays a
+# scenario (empty: each scenario's own); PACK_DEVICE sim runs it on the simulator (shrunk models)
+# instead. Results: $(REPORTS)/engine-matrix (sglang) and $(REPORTS)/engine-matrix/vllm-VERSION
+# (merged in vllm/). Exit: the worse of the two engines' (2 before 1).
 PACK          ?= $(ENGINES_DIR)/carry
 PACK_RELEASES ?= $(subst $(space),$(comma),$(strip $(patsubst $(PACK)/sglang-%,%,$(wildcard $(PACK)/sglang-*))))
+PACK_VLLM     ?= $(subst $(space),$(comma),$(strip $(patsubst $(PACK)/vllm-%,%,$(wildcard $(PACK)/vllm-*))))
 PACK_REPLAYS  ?=
 PACK_DEVICE   ?= cuda
 empty :=
 space := $(empty) $(empty)
 comma := ,
 engine-from-pack:
-	@test -n "$(PACK_RELEASES)" || \
-	{ echo "make: no sglang-VERSION folder in $(PACK): make engine-pack where pip reaches the index, then bring it" >&2; \
+	@test -n "$(PACK_RELEASES)$(PACK_VLLM)" || \
+	{ echo "make: no sglang-VERSION or vllm-VERSION folder in $(PACK): make engine-pack where pip reaches the index, then bring it" >&2; \
 	exit 2; }
-	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
-	if ls $(PACK)/wheels/*.whl >/dev/null 2>&1; then \
-		$(PYTHON) -m pip install -q --no-index --no-deps --target "$$tmp" $(PACK)/wheels/*.whl || \
-		{ echo "make: the pack's wheels (CPython 3.12, manylinux x86_64) do not install on $(PYTHON)" >&2; exit 2; }; \
-	fi && \
-	PYTHONPATH="$$tmp:$(abspath $(PACK))/stubs:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) -m harness \
-		engine-matrix --releases $(PACK_RELEASES) --engines-dir $(PACK) --device $(PACK_DEVICE) \
-		$(if $(PACK_REPLAYS),--replays $(PACK_REPLAYS)) --out $(REPORTS)/engine-matrix
+	@rc=0; \
+	if [ -n "$(PACK_RELEASES)" ]; then \
+		tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+		if ls $(PACK)/wheels/*.whl >/dev/null 2>&1; then \
+			$(PYTHON) -m pip install -q --no-index --no-deps --target "$$tmp" $(PACK)/wheels/*.whl || \
+			{ echo "make: the pack's wheels (CPython 3.12, manylinux x86_64) do not install on $(PYTHON)" >&2; exit 2; }; \
+		fi && \
+		PYTHONPATH="$$tmp:$(abspath $(PACK))/stubs:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) -m harness \
+			engine-matrix --releases $(PACK_RELEASES) --engines-dir $(PACK) --device $(PACK_DEVICE) \
+			$(if $(PACK_REPLAYS),--replays $(PACK_REPLAYS)) --out $(REPORTS)/engine-matrix || rc=$$?; \
+	fi; \
+	if [ -n "$(PACK_VLLM)" ]; then \
+		vtmp=$$(mktemp -d) && trap 'rm -rf "$$tmp" "$$vtmp"' EXIT && \
+		wheels=$$(PYTHONPATH="$(CURDIR)" $(PYTHON) -m harness engine-pack --engine vllm --host-wheels $(PACK)) || exit 2; \
+		if [ -n "$$wheels" ]; then \
+			$(PYTHON) -m pip install -q --no-index --no-deps --target "$$vtmp" $$wheels || \
+			{ echo "make: the pack's vLLM wheels (CPython 3.12, manylinux x86_64) do not install on $(PYTHON)" >&2; exit 2; }; \
+		fi && \
+		PYTHONPATH="$$vtmp:$(abspath $(PACK))/stubs-vllm:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) -m harness \
+			engine-matrix --engine vllm --releases $(PACK_VLLM) --engines-dir $(PACK) --device $(PACK_DEVICE) \
+			$(if $(PACK_REPLAYS),--replays $(PACK_REPLAYS)) --out $(REPORTS)/engine-matrix || \
+			{ r=$$?; [ $$r -eq 2 -o $$rc -eq 0 ] && rc=$$r; }; \
+	fi; \
+	exit $$rc
 
 ifeq ($(HAS_TORCH),yes)
 run:

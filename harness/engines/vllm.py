@@ -9,8 +9,11 @@ vllm-project/vllm#31057; 0.16.0 has no such check), not by the adapter.
 - `VllmConfig` / `CompilationConfig` / `KVTransferConfig` (`vllm/config/`): one whole VllmConfig per
   scenario, built with no model, FULL cudagraph mode asked for and the scenario's connector named by
   module path; the mode it settles on is vLLM's decision. vLLM reads the platform for it
-  (`current_platform.support_static_graph_mode()`): the harness's simulator is set as vLLM's current
-  platform, an out-of-tree `Platform` that captures graphs (`HarnessPlatform`).
+  (`current_platform.support_static_graph_mode()`): the harness's device is set as vLLM's current
+  platform, an out-of-tree `Platform` that captures graphs (`HarnessPlatform`), the moment
+  `vllm.platforms` is imported, before any other module of vLLM binds it: on a CUDA host vLLM would
+  otherwise resolve its own CUDA platform, which imports its compiled ops. The same platform on the
+  simulator and on a GPU; a module that holds another is refused loudly (`check_platform`).
 - the worker's connector: made by vLLM's own `ensure_kv_transfer_initialized` (its
   `KVConnectorFactory` imports the connector by module path), handed the KV caches with
   `register_kv_caches`, its metadata bound and its `start_load_kv` called inside the engine's own
@@ -128,7 +131,13 @@ class Vllm:
 @functools.lru_cache(maxsize=1)
 def load(source: str = "engine", key: str = "engine") -> Vllm:
     """Import the engine and check every name the adapter needs; InputError (exit 2) if not."""
+    from harness.records.errors import EngineContractBroken, InputError
+
     version, modules = import_engine("vllm", NEEDED, INSTALL, source, key, importer=_import)
+    try:
+        check_platform()
+    except EngineContractBroken as e:
+        raise InputError(source, key, f"vllm {version}: {e}") from None
     return Vllm(version, modules)
 
 
@@ -150,7 +159,8 @@ def import_needed(version: str, needed: dict[str, tuple[str, ...]]) -> dict[str,
 
 def _import(name: str) -> ModuleType:
     """The module; for ATTENTION, the first of `ATTENTION_AT` the release has (a release without
-    the newer package fails with ModuleNotFoundError naming it, and the next place is tried)."""
+    the newer package fails with ModuleNotFoundError naming it, and the next place is tried).
+    `vllm.platforms` comes with the harness's platform already set (`install_platform`)."""
     places = ATTENTION_AT if name == ATTENTION else (name,)
     for at in places[:-1]:
         try:
@@ -158,20 +168,23 @@ def _import(name: str) -> ModuleType:
         except ModuleNotFoundError as e:
             if not e.name or not at.startswith(e.name):
                 raise
-    return importlib.import_module(places[-1])
-
+    module = importlib.import_module(places[-1])
+    if name == PLATFORMS:
+        install_platform(module)
+    return module
 
 
 _platform: Any = None
 
 
-def harness_platform(engine: Vllm) -> Any:
+def harness_platform(iface: ModuleType) -> Any:
     """The simulator (or the harness's CUDA device) as vLLM's current platform: an out-of-tree
-    platform that captures graphs, so VllmConfig takes its graph-mode branch as on a GPU."""
+    platform that captures graphs, so VllmConfig takes its graph-mode branch as on a GPU (`iface`:
+    `vllm.platforms.interface`). The same platform on both devices, so vLLM takes the same branches
+    on a GPU as on the simulator."""
     global _platform
     if _platform is not None:
         return _platform
-    iface = engine.modules[PLATFORM]
     base: Any = iface.Platform
 
     class HarnessPlatform(base):
@@ -187,10 +200,57 @@ def harness_platform(engine: Vllm) -> Any:
     return _platform
 
 
+def install_platform(platforms: ModuleType) -> None:
+    """The harness's platform as vLLM's current one, set as soon as `vllm.platforms` is imported and
+    before any other module of vLLM reads it (most bind `current_platform` when they are imported).
+    Left to itself, vLLM resolves its platform on the first read, and on a CUDA host (NVML sees a
+    GPU) that imports `vllm.platforms.cuda`, whose first line imports the compiled `vllm._C`: absent
+    from a pack, and built for another torch anyway. A platform vLLM resolved before this ran is
+    refused (EngineContractBroken, naming it) unless it is vLLM's "no device found" one, the one a
+    CPU host resolves."""
+    from harness.records.errors import EngineContractBroken
+
+    iface = importlib.import_module(PLATFORM)
+    ours = harness_platform(iface)
+    resolved = platforms.__dict__.get("_current_platform")
+    if resolved is not None and resolved is not ours and not isinstance(resolved, iface.UnspecifiedPlatform):
+        raise EngineContractBroken(f"vLLM resolved its own platform ({type(resolved).__name__}) before the "
+                                   "harness's was set; import vLLM through harness.engines.vllm.load()")
+    setattr(platforms, "_current_platform", ours)  # noqa: B010 - what vllm.platforms.__getattr__ answers
+    setattr(platforms, "current_platform", ours)  # noqa: B010 - what `from vllm.platforms import` binds
+
+
+def check_platform() -> None:
+    """Every module of vLLM imported so far holds the harness's platform, or vLLM's "no device found"
+    one (bound on a CPU host by a module imported before the adapter loaded). One that holds another
+    (vLLM's CUDA platform, resolved on a GPU host before the harness's was set), or vLLM's CUDA
+    platform module imported at all, is an EngineContractBroken naming it: never a run on vLLM's
+    CUDA code paths with its compiled ops missing."""
+    import sys
+
+    from harness.records.errors import EngineContractBroken
+
+    if _platform is None:
+        return
+    iface = sys.modules.get(PLATFORM)
+    unspecified = getattr(iface, "UnspecifiedPlatform", ())
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] != "vllm" or module is None:
+            continue
+        if name == "vllm.platforms.cuda":
+            raise EngineContractBroken("vLLM imported its CUDA platform (vllm.platforms.cuda), which needs its "
+                                       "compiled ops; the harness's platform stands for it")
+        held = getattr(module, "__dict__", {}).get("current_platform")
+        if held is not None and held is not _platform and not isinstance(held, unspecified):
+            raise EngineContractBroken(f"vLLM's {name} holds the platform {type(held).__name__}, not the harness's "
+                                       "(vLLM resolved its own before the harness's was set)")
+
+
 def use_harness_platform(engine: Vllm) -> None:
-    """Set vLLM's current platform to the harness's (once per process; a GPU host's own platform
-    would need vLLM's compiled ops, which the harness never calls)."""
-    engine.modules[PLATFORMS].current_platform = harness_platform(engine)
+    """vLLM's current platform is the harness's (`install_platform` set it at import; set again where
+    a test or a check set another since), and no module of vLLM holds another (`check_platform`)."""
+    install_platform(engine.modules[PLATFORMS])
+    check_platform()
 
 
 def connector_config(engine: Vllm, connector: type, extra_config: dict[str, Any], mode: str = FULL) -> Any:

@@ -120,17 +120,22 @@ def imported_files(target: Path, stubs: Path, cuda_branches: bool) -> list[str]:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def follow_cuda() -> None:
+    """Follow the modules' CUDA branches (they import more there) without a GPU here: torch's CUDA
+    checks answer as an H200 host's do."""
+    import torch
+
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: 1
+    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+    torch.cuda.get_device_name = lambda *a, **k: "NVIDIA H200"
+
+
 def print_imported(cuda_branches: bool) -> None:
     """What `engine-pack --list` prints, in the process `imported_files` starts: the release's files
     this process imports, as a JSON list (the last line)."""
     if cuda_branches:
-        import torch
-
-        # Follow the modules' CUDA branches (they import more there) without a GPU here.
-        torch.cuda.is_available = lambda: True
-        torch.cuda.device_count = lambda: 1
-        torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
-        torch.cuda.get_device_name = lambda *a, **k: "NVIDIA H200"
+        follow_cuda()
     from harness.engines import sglang as adapter
 
     for name in (*adapter.NEEDED, adapter.TEST_UTILS):

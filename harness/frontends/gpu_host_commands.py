@@ -1,8 +1,9 @@
 """The commands that prepare and serve runs on a GPU host, beside the scenario runs themselves:
 
-    fence-harness engine-pack [--releases V,V] [--engines-dir DIR] [--out DIR] [--no-wheels]
-                                   SGLang releases, stubs and wheels for a GPU host with no
-                                   package index (harness.frontends.engine_pack)
+    fence-harness engine-pack [--engine sglang|vllm] [--releases V,V] [--engines-dir DIR] [--out DIR]
+                              [--no-wheels]
+                                   SGLang (or vLLM) releases, stubs and wheels for a GPU host with
+                                   no package index (harness.frontends.engine_pack, engine_pack_vllm)
     fence-harness gpu-workers count               the number of usable GPUs (1 when none)
     fence-harness gpu-workers check RESULTS.json  which worker of a merged run ran on which GPU
                                    (harness.frontends.gpu_workers)
@@ -20,21 +21,33 @@ from pathlib import Path
 
 from harness.frontends.engine_matrix import ROOT
 
+# What `engine-pack` packs unless --releases says otherwise: sglang on either side of its fix (0.5.23),
+# vllm on either side of vllm-project/vllm#31057 (0.17.0).
+RELEASES = {"sglang": "0.5.22,0.5.23", "vllm": "0.16.0,0.17.0"}
+
 
 def add_commands(subparsers) -> None:
-    pack = subparsers.add_parser("engine-pack", help="pack SGLang releases, stubs and wheels for a GPU host with no "
-                                                     "package index (`make engine-pack`)")
-    pack.add_argument("--releases", default="0.5.22,0.5.23",
-                      help="comma-separated sglang versions (default: %(default)s)")
+    pack = subparsers.add_parser("engine-pack", help="pack SGLang or vLLM releases, stubs and wheels for a GPU host "
+                                                     "with no package index (`make engine-pack`)")
+    pack.add_argument("--engine", choices=sorted(RELEASES), default="sglang",
+                      help="whose releases (default: %(default)s)")
+    pack.add_argument("--releases", default=None,
+                      help="comma-separated versions (default: sglang " + RELEASES["sglang"] + "; vllm "
+                           + RELEASES["vllm"] + ")")
     pack.add_argument("--engines-dir", type=Path, default=ROOT / ".engines", metavar="DIR",
-                      help="where each release is installed first, as DIR/sglang-VERSION (default: .engines)")
+                      help="where each release is installed first, as DIR/ENGINE-VERSION (default: .engines)")
     pack.add_argument("--out", type=Path, default=ROOT / ".engines" / "carry", metavar="DIR",
                       help="where the pack goes (default: .engines/carry)")
     pack.add_argument("--no-wheels", dest="wheels", action="store_false",
                       help="leave out the wheels of the third-party packages the GPU image lacks")
+    pack.add_argument("--python-version", default="3.12", metavar="X.Y",
+                      help="with --engine vllm: the CPython the compiled wheels are for (default: %(default)s, the "
+                           "GPU image's)")
     # How engine_pack.imported_files lists what a release imports, in a process of its own.
     pack.add_argument("--list", action="store_true", help=argparse.SUPPRESS)
     pack.add_argument("--cuda-branches", action="store_true", help=argparse.SUPPRESS)
+    # How `make engine-from-pack` asks, on the GPU host, which of a pack's vLLM wheels to install.
+    pack.add_argument("--host-wheels", type=Path, metavar="PACK", help=argparse.SUPPRESS)
 
     workers = subparsers.add_parser("gpu-workers", help="one pytest worker per GPU: how many (count), and which "
                                                         "GPU each worker of a merged run used (check)")
@@ -54,13 +67,26 @@ def add_commands(subparsers) -> None:
 
 
 def cmd_engine_pack(args: argparse.Namespace) -> int:
-    from harness.frontends import engine_pack
+    import sys
 
+    from harness.frontends import engine_pack, engine_pack_vllm
+
+    releases = [r.strip() for r in (args.releases or RELEASES[args.engine]).split(",") if r.strip()]
+    if args.engine == "vllm":
+        if args.host_wheels is not None:
+            wheels, why = engine_pack_vllm.host_wheels(args.host_wheels)
+            print(f"vllm: {why}", file=sys.stderr)
+            print("\n".join(map(str, wheels)))
+            return 0
+        if args.list:
+            engine_pack_vllm.print_imported(args.cuda_branches)
+            return 0
+        engine_pack_vllm.pack(releases, args.engines_dir, args.out, args.wheels, args.python_version)
+        return 0
     if args.list:
         engine_pack.print_imported(args.cuda_branches)
         return 0
-    engine_pack.pack([r.strip() for r in args.releases.split(",") if r.strip()], args.engines_dir, args.out,
-                     args.wheels)
+    engine_pack.pack(releases, args.engines_dir, args.out, args.wheels)
     return 0
 
 

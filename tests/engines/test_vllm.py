@@ -119,3 +119,76 @@ def _plan():
     from harness.records.scenario import Fault
 
     return FaultPlan(Fault())
+
+
+# ---- vLLM's platform: the harness's, on a GPU host as on the CPU (harness/engines/vllm.py)
+
+
+def test_every_module_of_vllm_reads_the_harness_platform():
+    import sys
+
+    adapter.use_harness_platform(adapter.load())  # what each VllmConfig of a scenario does first
+    platforms = sys.modules[adapter.PLATFORMS]
+    assert platforms.current_platform is adapter._platform and platforms._current_platform is adapter._platform
+    assert platforms.current_platform.support_static_graph_mode()
+    assert "vllm.platforms.cuda" not in sys.modules  # vLLM's CUDA platform: its compiled ops, never imported
+    held = {name: type(m.__dict__["current_platform"]).__name__ for name, m in list(sys.modules.items())
+            if name.startswith("vllm") and "current_platform" in getattr(m, "__dict__", {})}
+    # Modules a test imported before the adapter loaded may hold vLLM's "no device found" platform.
+    assert held and set(held.values()) <= {"HarnessPlatform", "UnspecifiedPlatform"}
+
+
+def test_a_platform_vllm_resolved_for_a_device_is_refused_loudly(monkeypatch):
+    import sys
+    import types
+
+    from harness.records.errors import EngineContractBroken
+
+    adapter.load()
+
+    class CudaPlatform:  # what vLLM resolves on a GPU host when the harness's platform is not set first
+        pass
+
+    early = types.ModuleType("vllm.platforms")
+    early._current_platform = CudaPlatform()  # type: ignore[attr-defined]
+    with pytest.raises(EngineContractBroken, match="resolved its own platform \\(CudaPlatform\\)"):
+        adapter.install_platform(early)
+    bound = types.ModuleType("vllm.harness_test_bound")
+    bound.current_platform = CudaPlatform()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, bound.__name__, bound)
+    with pytest.raises(EngineContractBroken, match="vllm.harness_test_bound holds the platform CudaPlatform"):
+        adapter.check_platform()
+    monkeypatch.delitem(sys.modules, bound.__name__)
+    monkeypatch.setitem(sys.modules, "vllm.platforms.cuda", types.ModuleType("vllm.platforms.cuda"))
+    with pytest.raises(EngineContractBroken, match="imported its CUDA platform"):
+        adapter.check_platform()
+
+
+# ---- the serving shape (scenarios/engine/vllm_serving.toml): GPU only
+
+
+def test_the_serving_shape_is_an_unfaulted_8192_token_prefix_under_full_on_the_gpu_only():
+    (s,) = load_file(SCENARIO_DIR / "engine" / "vllm_serving.toml")
+    m = s.model
+    assert (m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.dtype.value) == ("AAAAAAAA", 1024, 8, 8, 128, "bf16")
+    assert [(r.prefix, r.new) for r in s.batch] == [(8192, 32)] and s.fault.kind is FaultKind.NONE
+    assert (s.engine, s.backend, s.fence, s.devices) == ("vllm", Backend.FULL, "vllm_layerwise", ("cuda",))
+    # FULL kept for a connector declaring False on every release: no wait in a replay, a race that the
+    # analysis finds whatever the timing, so no evidence is demanded of the data.
+    assert s.expect is Expect.RACE and s.evidence is None
+    r = run_scenario(small(s).with_overrides(devices=None), SimDevice(), replays=1)
+    assert r.error is None and r.observed is Expect.RACE and r.findings, (r.error, len(r.findings))
+
+
+def test_engine_matrix_on_the_simulator_skips_the_serving_shape_and_says_why(tmp_path, capsys):
+    from harness.frontends.cli import main
+
+    serving = SCENARIO_DIR / "engine" / "vllm_serving.toml"
+    # Alone, nothing is left to run on the simulator: an error, never a release that met everything.
+    assert main(["engine-matrix", "--in-process", str(serving), "--device", "sim", "--out", str(tmp_path / "a")]) == 2
+    assert "none runs on sim" in capsys.readouterr().err
+    assert main(["engine-matrix", "--in-process", str(serving), str(FILE), "--small", "--device", "sim",
+                 "--replays", "1", "--out", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "skipped 1 of scenarios/engine/vllm_serving.toml: they run only on cuda" in out
+    assert "vllm.layerwise-false.gate" in out and "vllm.serving" not in out.replace("vllm_serving.toml", "")
