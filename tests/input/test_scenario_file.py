@@ -327,7 +327,9 @@ def test_a_pool_the_model_sizes_itself_is_the_models_error():
 # ---------------------------------------------------------------- the natural set
 
 
-NATURAL = load_file(default_files()[2])
+# The serving shapes with no injected fault but contention; beside them, the write-back fork of
+# sgl-project/sglang#38300 under pressure (tests/run/test_natural.py).
+NATURAL = [s for s in load_file(default_files()[2]) if s.hazard is Hazard.RAW]
 CORRECT_FENCES = ("final_event", "layerwise_graph")
 
 

@@ -100,17 +100,17 @@ def test_merged_worker_parts_keep_what_each_skipped():
 
 def test_the_write_back_fork_under_pressure_is_the_kill_matrix_pair_for_gpus_only(tmp_path, capsys):
     """sgl-project/sglang#38300's pressure variant: the kill matrix's pair with the pressure fault in
-    place of the gate (and the idle pace), the unjoined fork a race with no data evidence demanded,
+    place of the gate, the unjoined fork a race with no data evidence demanded,
     the joined twin clean; the simulator, which models no contention, skips both and says why."""
     natural = {s.name: s for s in load_file(NATURAL)}
     matrix = {s.name: s for s in load_file(SCENARIO_DIR / "mutants" / "kill_matrix.toml")}
-    twins = {"natural-hybrid-384-idle-pressure-forward_over_backup-no_ack_wait": "mutant.forward_overtakes_backup",
-             "natural-hybrid-384-idle-pressure-forward_over_backup-joined": "correct.forward_overtakes_backup.joined"}
+    twins = {"natural-hybrid-384-pressure-forward_over_backup-no_ack_wait": "mutant.forward_overtakes_backup",
+             "natural-hybrid-384-pressure-forward_over_backup-joined": "correct.forward_overtakes_backup.joined"}
     for name, twin in twins.items():
         s, m = natural[name], matrix[twin]
         assert (s.model, s.batch, s.backend, s.fence, s.hazard, s.transfer, s.expect) == (
             m.model, m.batch, m.backend, m.fence, m.hazard, m.transfer, m.expect)
-        assert (s.fault.kind, m.fault.kind, s.pace.value, s.evidence) == ("pressure", "gate", "idle", None)
+        assert (s.fault.kind, m.fault.kind, s.pace, s.evidence) == ("pressure", "gate", m.pace, None)
         assert s.skip_reason("sim") == f"runs only on cuda (devices in {shown_path(str(NATURAL))}), not on sim"
     assert main(["run", str(NATURAL), "-k", "forward_over_backup", "--device", "sim", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == (f"fence-harness: {shown_path(str(NATURAL))}: devices: each of its 2 "
