@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -59,14 +60,14 @@ ATTENTION_AT = (ATTENTION, "vllm.attention.layer")
 NEEDED = {
     PLATFORMS: (),
     PLATFORM: ("Platform", "PlatformEnum.OOT"),
-    CONFIG: ("VllmConfig", "CompilationConfig", "KVTransferConfig"),
+    CONFIG: ("VllmConfig", "CompilationConfig", "KVTransferConfig", "CacheConfig"),
     COMPILATION: ("CUDAGraphMode.FULL", "CUDAGraphMode.PIECEWISE", "CompilationMode.VLLM_COMPILE"),
     CONNECTOR: ("KVConnectorBase_V1.wait_for_layer_load", "KVConnectorBase_V1.save_kv_layer",
                 "KVConnectorBase_V1.start_load_kv", "KVConnectorBase_V1.bind_connector_metadata",
                 "KVConnectorMetadata", "KVConnectorRole.WORKER"),
     TRANSFER: ("ensure_kv_transfer_initialized", "ensure_kv_transfer_shutdown", "get_kv_transfer_group"),
     FORWARD: ("set_forward_context", "get_forward_context"),
-    ATTENTION: ("unified_attention",),
+    ATTENTION: ("unified_attention", "Attention.get_attn_backend", "AttentionBackend.get_kv_cache_shape"),
 }
 INSTALL = ("make engine-matrix (vllm 0.16.0 and 0.17.0, each in .engines/vllm-VERSION), or: "
            "pip install --no-deps vllm==0.17.0 beside the .[vllm] extra")
@@ -167,7 +168,9 @@ _platform: Any = None
 
 def harness_platform(engine: Vllm) -> Any:
     """The simulator (or the harness's CUDA device) as vLLM's current platform: an out-of-tree
-    platform that captures graphs, so VllmConfig takes its graph-mode branch as on a GPU."""
+    platform that captures graphs, so VllmConfig takes its graph-mode branch as on a GPU, and that
+    is CUDA-alike, as the GPU the harness's device stands for is (vLLM's CPU offloading refuses any
+    other platform: `CPUOffloadingSpec.get_handlers`)."""
     global _platform
     if _platform is not None:
         return _platform
@@ -183,26 +186,48 @@ def harness_platform(engine: Vllm) -> Any:
         def support_static_graph_mode(cls) -> bool:
             return True
 
+        def is_cuda_alike(self) -> bool:
+            return True
+
     _platform = HarnessPlatform()
     return _platform
 
 
 def use_harness_platform(engine: Vllm) -> None:
-    """Set vLLM's current platform to the harness's (once per process; a GPU host's own platform
-    would need vLLM's compiled ops, which the harness never calls)."""
-    engine.modules[PLATFORMS].current_platform = harness_platform(engine)
+    """Set vLLM's current platform to the harness's (a GPU host's own platform would need vLLM's
+    compiled ops, which the harness never calls).
+
+    vLLM resolves its platform once, before its modules bind it (`from vllm.platforms import
+    current_platform`); the harness sets its own after some were imported, so the name is rebound in
+    every vLLM module that bound the platform vLLM resolved: what each module sees is what it would
+    have bound had the harness's platform been there first."""
+    platforms = engine.modules[PLATFORMS]
+    ours = harness_platform(engine)
+    resolved = vars(platforms).get("_current_platform")
+    platforms.current_platform = ours
+    if resolved is None or resolved is ours:
+        return
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("vllm.") and vars(module).get("current_platform") is resolved:
+            setattr(module, "current_platform", ours)  # noqa: B010 - a module of vLLM's, not typed here
+
+
+# The KV cache's block, in tokens: one slot, as the harness's caches are laid out (`harness.engines.vllm_pools`).
+BLOCK_SIZE = 1
 
 
 def connector_config(engine: Vllm, connector: type, extra_config: dict[str, Any], mode: str = FULL) -> Any:
     """A whole VllmConfig with no model: `mode` asked for (FULL), `connector` named by module path
-    for both roles; `compilation_config.cudagraph_mode` is then vLLM's decision."""
+    for both roles, the cache's block size the harness's (what a model's config would set, and a
+    connector's spec reads); `compilation_config.cudagraph_mode` is then vLLM's decision."""
     use_harness_platform(engine)
     cfg, comp = engine.modules[CONFIG], engine.modules[COMPILATION]
     kv = cfg.KVTransferConfig(kv_connector=connector.__name__, kv_connector_module_path=connector.__module__,
                               kv_role="kv_both", kv_connector_extra_config=dict(extra_config))
     compilation = cfg.CompilationConfig(cudagraph_mode=getattr(comp.CUDAGraphMode, mode),
                                         mode=comp.CompilationMode.VLLM_COMPILE)
-    return cfg.VllmConfig(compilation_config=compilation, kv_transfer_config=kv)
+    return cfg.VllmConfig(compilation_config=compilation, kv_transfer_config=kv,
+                          cache_config=cfg.CacheConfig(block_size=BLOCK_SIZE))
 
 
 def decided_mode(config: Any) -> str:

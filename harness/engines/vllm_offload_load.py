@@ -44,7 +44,8 @@ import torch
 
 from harness.checkers.happens_before import Finding, find_races
 from harness.devices.base import Device, Event, Stream
-from harness.engines.vllm_offload import StreamsOf, _DeviceMemory, _plain
+from harness.engines.vllm_offload import StreamsOf
+from harness.engines.vllm_pools import DeviceMemory, plain
 from harness.records.errors import EngineContractBroken
 from harness.records.trace import Pool, Region
 
@@ -118,7 +119,7 @@ class VllmOffloadLoad:
 
     @staticmethod
     def _device_view(cache: torch.Tensor) -> torch.Tensor:
-        return cache if cache.is_cuda else cache.as_subclass(_DeviceMemory)
+        return cache if cache.is_cuda else cache.as_subclass(DeviceMemory)
 
     @contextlib.contextmanager
     def _patched(self) -> Iterator[None]:
@@ -152,7 +153,7 @@ class VllmOffloadLoad:
             while (i + n < len(ops) and ops[i + n][0] == (sl, s0 + n, False)
                    and ops[i + n][1] == (dl, d0 + n, True)):
                 n += 1
-            cache = _plain(self.caches[dl])
+            cache = plain(self.caches[dl])
             self.dev.copy_async(cache[d0 : d0 + n], self.host[sl][s0 : s0 + n], Region(Pool.K, dl, d0, d0 + n),
                                 Region(Pool.on_host("offload", Pool.K), sl, s0, s0 + n))
             self.copies += 1
@@ -186,7 +187,7 @@ def zero_then_load(dev: Device, fault: str = "gate", waits_on_compute: bool = Tr
     seen = [torch.empty_like(t) for t in truth]
     forward = dev.Stream("forward")
     gate = dev.gate(5.0) if fault == "gate" else None
-    caches = [_plain(c) for c in o.caches]
+    caches = [plain(c) for c in o.caches]
     rows = slice(gpu_blocks[0], gpu_blocks[-1] + 1)
 
     def zero() -> None:
