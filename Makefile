@@ -1,8 +1,8 @@
 # make test      lint (ruff), types (mypy), then the CPU suite (creates .venv on first use; torch
 #                pinned to the CPU build 2.13.0)
 # make test-engine  the engine adapter's tests, against an installed sglang 0.5.23 (own venv)
-# make engine-matrix the engine scenarios on sglang 0.5.20-0.5.23 and vllm 0.13.0, 0.16.0, 0.17.0, each release
-#                in its own process
+# make engine-matrix the engine scenarios on sglang 0.5.20-0.5.23 and vllm 0.13.0, 0.16.0, 0.17.0, 0.27.0,
+#                0.28.0, each release in its own process
 # make test-vllm  the vLLM adapter's and connector-check's tests on each vLLM release (own venv)
 # make engine-pack   .engines/carry: releases 0.5.22 and 0.5.23 for a GPU host with no package index
 # make engine-from-pack  on that GPU host: the engine scenarios on each release of the pack, on the
@@ -69,16 +69,17 @@ VLLM_VENV     ?= .venv-vllm
 VLPY          := $(VLLM_VENV)/bin/python
 VLLM_RELEASES ?= 0.13.0,0.16.0,0.17.0
 # The releases either side of vllm#50696 (the offloading load ordered after the compute stream, first
-# in 0.28.0): their offloading worker is a module of its own, driven by the offload tests alone (the
-# adapter's config, for the scenario files, needs a newer Transformers than the extra's).
+# in 0.28.0): their offloading worker is a module of its own, which scenarios/engine/vllm_offload_load.toml
+# and the offload tests drive (the connector contract's config needs a newer Transformers than the
+# extra's: engine-matrix runs that file alone on them).
 VLLM_LOAD_RELEASES ?= 0.27.0,0.28.0
 ENGINE_RELEASES ?= 0.5.20,0.5.21,0.5.22,0.5.23
 ENGINE_REPLAYS  ?= 10
 engine-matrix: $(ENGINE_VENV)/.installed $(VLLM_VENV)/.installed
 	$(EPY) -m harness engine-matrix --releases $(ENGINE_RELEASES) --engines-dir $(ENGINES_DIR) \
 		--device auto --replays $(ENGINE_REPLAYS) --out $(REPORTS)/engine-matrix
-	$(VLPY) -m harness engine-matrix --engine vllm --releases $(VLLM_RELEASES) --engines-dir $(ENGINES_DIR) \
-		--device auto --replays $(ENGINE_REPLAYS) --out $(REPORTS)/engine-matrix
+	$(VLPY) -m harness engine-matrix --engine vllm --releases $(VLLM_RELEASES),$(VLLM_LOAD_RELEASES) \
+		--engines-dir $(ENGINES_DIR) --device auto --replays $(ENGINE_REPLAYS) --out $(REPORTS)/engine-matrix
 
 # vLLM: the releases either side of vllm-project/vllm#31057 (requires_piecewise_for_cudagraph, and
 # VllmConfig's FULL-to-PIECEWISE downgrade for it, first in 0.17.0), and 0.13.0, before #31341 (the

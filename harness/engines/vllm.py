@@ -36,6 +36,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from harness.engines.engine import import_engine, lookup
+from harness.records.errors import InputError
 
 if TYPE_CHECKING:
     from harness.devices.base import Device, Stream
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from harness.protocol.counter import LoadCounter
     from harness.protocol.layout import Layout
     from harness.protocol.pools import HostPool, HybridPool
-    from harness.protocol.writeback import HostBackup, WriteBack
+    from harness.protocol.writeback import HostBackup, TransferPolicy, WriteBack
 
 PLATFORMS = "vllm.platforms"
 PLATFORM = "vllm.platforms.interface"
@@ -80,6 +81,10 @@ FULL, PIECEWISE = "FULL", "PIECEWISE"
 class Vllm:
     version: str
     modules: dict[str, Any]  # Any: vllm has no types here (it may not even be installed)
+    # Why the connector contract's modules (`NEEDED`) cannot be used on this release, or None: a
+    # part that needs them says so when it is used (`module`), so the offloading worker's parts run
+    # where the contract does not (0.27.0 on in the .[vllm] extra: its vllm.config needs Transformers 5).
+    contract_error: InputError | None = None
 
     def counter(self, dev: Device, num_layers: int) -> LoadCounter:
         """The connector's load events: vLLM has no counter of its own (a connector keeps its own
@@ -114,9 +119,22 @@ class Vllm:
         self.modules.update(import_needed(self.version, vllm_offload.NEEDED))
         return vllm_offload.VllmOffload(self, dev, layout, pools, forward, host)
 
+    def offload_loader(self, dev: Device, layout: Layout, pools: HybridPool, host: HostPool,
+                       policy: TransferPolicy) -> EngineLoader:
+        """The batch's load through vLLM's own CPU offloading worker (`CPUOffloadingWorker.submit_load`,
+        0.27.0 on: `harness.engines.vllm_offload_load`), for a hazard whose load is an offloaded
+        prefix loaded back into freshly allocated blocks (`load_before_zeroing`)."""
+        from harness.engines import vllm_offload_load
+
+        self.modules.update(import_needed(self.version, vllm_offload_load.NEEDED))
+        return vllm_offload_load.make(self, dev, layout, pools, host, policy)
+
     # ---- what the adapter's modules reach through it ------------------------------------------
     def module(self, name: str) -> Any:
-        """One of `NEEDED`'s modules, imported and checked by `load()`."""
+        """One of the modules imported and checked so far (`NEEDED`'s by `load()`, others by the part
+        that needs them); InputError (exit 2) naming why where the connector contract is not usable."""
+        if name not in self.modules and name in NEEDED and self.contract_error is not None:
+            raise self.contract_error
         return self.modules[name]
 
     def connector_config(self, connector: type, extra_config: dict[str, Any]) -> Any:
@@ -128,9 +146,15 @@ class Vllm:
 
 @functools.lru_cache(maxsize=1)
 def load(source: str = "engine", key: str = "engine") -> Vllm:
-    """Import the engine and check every name the adapter needs; InputError (exit 2) if not."""
-    version, modules = import_engine("vllm", NEEDED, INSTALL, source, key, importer=_import)
-    return Vllm(version, modules)
+    """Import the engine (InputError, exit 2, if it is not importable) and check every name the
+    connector contract needs: where one is missing, the parts that need them fail with that
+    InputError when used, and the others (the offloading worker's) run."""
+    version, modules = import_engine("vllm", {}, INSTALL, source, key, importer=_import)
+    try:
+        _, contract = import_engine("vllm", NEEDED, INSTALL, source, key, importer=_import)
+    except InputError as e:
+        return Vllm(version, modules, e)
+    return Vllm(version, {**modules, **contract})
 
 
 def import_needed(version: str, needed: dict[str, tuple[str, ...]]) -> dict[str, Any]:
@@ -174,7 +198,7 @@ def harness_platform(engine: Vllm) -> Any:
     global _platform
     if _platform is not None:
         return _platform
-    iface = engine.modules[PLATFORM]
+    iface = engine.module(PLATFORM)
     base: Any = iface.Platform
 
     class HarnessPlatform(base):
@@ -201,7 +225,7 @@ def use_harness_platform(engine: Vllm) -> None:
     current_platform`); the harness sets its own after some were imported, so the name is rebound in
     every vLLM module that bound the platform vLLM resolved: what each module sees is what it would
     have bound had the harness's platform been there first."""
-    platforms = engine.modules[PLATFORMS]
+    platforms = engine.module(PLATFORMS)
     ours = harness_platform(engine)
     resolved = vars(platforms).get("_current_platform")
     platforms.current_platform = ours
@@ -221,7 +245,7 @@ def connector_config(engine: Vllm, connector: type, extra_config: dict[str, Any]
     for both roles, the cache's block size the harness's (what a model's config would set, and a
     connector's spec reads); `compilation_config.cudagraph_mode` is then vLLM's decision."""
     use_harness_platform(engine)
-    cfg, comp = engine.modules[CONFIG], engine.modules[COMPILATION]
+    cfg, comp = engine.module(CONFIG), engine.module(COMPILATION)
     kv = cfg.KVTransferConfig(kv_connector=connector.__name__, kv_connector_module_path=connector.__module__,
                               kv_role="kv_both", kv_connector_extra_config=dict(extra_config))
     compilation = cfg.CompilationConfig(cudagraph_mode=getattr(comp.CUDAGraphMode, mode),

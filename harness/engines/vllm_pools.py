@@ -29,8 +29,10 @@ vLLM's offloading handlers test for the copy's direction).
 While the accessor policy is the engine's own (`per_layer`) the connector's `wait_for_layer_load` is
 the only wait; any other policy (`none`, a plugin, a fence's own added wait) runs on the harness's
 side with vLLM's hooks off (the kernel called bare, as vLLM calls it with no connector), so the
-connector cannot mask a mutant. A model with Mamba layers is refused: vLLM's connector hooks wrap
-attention layers only.
+connector cannot mask a mutant. With no connector configured (no VllmConfig bound: the offloading
+worker's own load, `harness.engines.vllm_offload_load`), the kernel runs bare, as vLLM runs it with no
+KV transfer group. A model with Mamba layers is refused: vLLM's connector hooks wrap attention layers
+only.
 """
 
 from __future__ import annotations
@@ -138,7 +140,9 @@ class VllmPools(HybridPool):
         caches = [self.caches[self.names[lid]] for lid in s.attention_layers]
         self.kv.k = LayerTensors([c[0] for c in caches])
         self.kv.v = LayerTensors([c[1] for c in caches])
-        self.layers = {name: attention_layer(engine, cache) for name, cache in self.caches.items()}
+        # vLLM's attention layers, made once a connector's VllmConfig is bound (`bind`): vLLM's
+        # Attention class is the connector contract's, which the offloading worker's parts do not need.
+        self.layers: dict[str, Any] = {}
         # What a connector is handed (`register_kv_caches`): each cache in the backend's shape.
         self.registered = {name: device_view(cache) for name, cache in self.caches.items()}
         slots = torch.tensor([slot for r in layout.requests for slot in r.new], dtype=torch.long)
@@ -155,6 +159,8 @@ class VllmPools(HybridPool):
     def bind(self, config: Any) -> None:
         """The VllmConfig of this scenario's connector: its forward context holds the layers."""
         self.config = config
+        if not self.layers:
+            self.layers = {name: attention_layer(self.engine, cache) for name, cache in self.caches.items()}
         config.compilation_config.static_forward_context.update(self.layers)
 
     def forward_context(self) -> Any:
@@ -185,7 +191,9 @@ class VllmPools(HybridPool):
 
     # ---- one attention layer ---------------------------------------------------------------
     def attention(self, layer_id: int, body: Callable[[], None]) -> None:
-        if not self.hooks:
+        # No connector configured (the offloading worker's scenarios: no VllmConfig is bound): the kernel
+        # bare, as vLLM calls it with no KV transfer group.
+        if not self.hooks or self.config is None:
             body()
             return
         name = self.names[layer_id]

@@ -44,7 +44,11 @@ GPU_FILES = (ROOT / "scenarios" / "engine" / "serving.toml",)
 @dataclass(frozen=True)
 class EngineReleases:
     """One engine's part of the matrix: its releases, scenario files, and where each release's own
-    results go under --out (`results` is the folder of the engine's merged results.json)."""
+    results go under --out (`results` is the folder of the engine's merged results.json).
+
+    `file_releases`: a default file's name -> the releases it drives (a PEP 440 specifier), where
+    the code it drives is only in some releases; a release runs the default files whose range holds
+    it (files given on the command line run on every release)."""
 
     name: str
     releases: tuple[str, ...]
@@ -52,18 +56,33 @@ class EngineReleases:
     gpu_files: tuple[Path, ...]
     out_prefix: str  # a release's folder under --out: PREFIX + VERSION
     results: str  # the merged results.json's folder under --out ("" : --out itself)
+    file_releases: tuple[tuple[str, str], ...] = ()
+
+    def files_for(self, version: str, files: list[Path]) -> list[Path]:
+        """The default files `version` runs (files not among the defaults run as they are)."""
+        from packaging.specifiers import SpecifierSet
+
+        ranges = dict(self.file_releases)
+        return [f for f in files if f.name not in ranges or version in SpecifierSet(ranges[f.name])]
 
 
 # vLLM: 0.13.0, before vllm-project/vllm#31341 (the offloading store's wait on the compute stream, first
-# in 0.14.0; scenarios/engine/vllm_offload.toml), and the releases on either side of #31057
+# in 0.14.0; scenarios/engine/vllm_offload.toml), the releases on either side of #31057
 # (requires_piecewise_for_cudagraph and VllmConfig's downgrade of FULL to PIECEWISE for it: first in
-# 0.17.0; vllm.toml).
+# 0.17.0; vllm.toml), and those on either side of #50696 (the offloading load's wait on the compute
+# stream, first in 0.28.0; vllm_offload_load.toml). From 0.27.0 the store's handlers
+# (kv_offload/worker/cpu_gpu.py) are gone and the connector contract needs Transformers 5 (the .[vllm]
+# extra pins 4): those releases run the offloading load's file alone, and 0.13.0-0.17.0 do not have
+# its worker (kv_offload/cpu/gpu_worker.py).
 MATRIX = {
     "sglang": EngineReleases("sglang", RELEASES, FILES, GPU_FILES, "", ""),
-    "vllm": EngineReleases("vllm", ("0.13.0", "0.16.0", "0.17.0"),
+    "vllm": EngineReleases("vllm", ("0.13.0", "0.16.0", "0.17.0", "0.27.0", "0.28.0"),
                            (ROOT / "scenarios" / "engine" / "vllm.toml",
-                            ROOT / "scenarios" / "engine" / "vllm_offload.toml"),
-                           (), "vllm-", "vllm"),
+                            ROOT / "scenarios" / "engine" / "vllm_offload.toml",
+                            ROOT / "scenarios" / "engine" / "vllm_offload_load.toml"),
+                           (), "vllm-", "vllm",
+                           (("vllm.toml", "<0.27.0"), ("vllm_offload.toml", "<0.27.0"),
+                            ("vllm_offload_load.toml", ">=0.27.0"))),
 }
 # --small: the model dimensions the CPU computes in seconds (the layer pattern, batch and
 # fault are the scenario's own).
@@ -74,7 +93,8 @@ def add_command(subparsers) -> None:
     p = subparsers.add_parser("engine-matrix", help="the engine scenarios on each release, one process each")
     p.add_argument("files", nargs="*", type=Path,
                    help="scenario files (default: scenarios/engine/sglang.toml and sglang_cow.toml, on a GPU also "
-                        "serving.toml; with --engine vllm: scenarios/engine/vllm.toml)")
+                        "serving.toml; with --engine vllm: scenarios/engine/vllm.toml and vllm_offload.toml up to "
+                        "0.17.0, vllm_offload_load.toml from 0.27.0)")
     p.add_argument("--engine", choices=sorted(MATRIX), default="sglang",
                    help="whose releases (default: %(default)s)")
     p.add_argument("--releases", default=None,
@@ -157,7 +177,7 @@ def cmd_engine_matrix(args: argparse.Namespace) -> int:
         cmd = [sys.executable, "-m", "harness", "engine-matrix", "--in-process", "--out", str(out),
                "--device", args.device, "--timeout", str(args.timeout), *[f"--sim-cost={c}" for c in args.sim_costs],
                *(["--replays", str(args.replays)] if args.replays else []), *(["--small"] if small else []),
-               *map(str, files)]
+               *map(str, files if args.files else part.files_for(version, files))]
         print(f"== {part.name} {version} ({target})", flush=True)
         codes[version] = subprocess.run(cmd, env=_child_env(target), check=False).returncode
         path = out / "results.json"

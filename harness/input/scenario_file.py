@@ -557,6 +557,10 @@ def _scenario(
             raise _Invalid(f"{prefix}.transfer",
                            f"transfer names the write-back / staging path, which hazard {hazard.value!r} does "
                            f"not run; it needs hazard = one of: {users}")
+        if HAZARDS[hazard].loads_offloaded and values["transfer"] != "engine" and values.get("engine") is None:
+            raise _Invalid(f"{prefix}.transfer",
+                           f"transfer {values['transfer']!r} of hazard {hazard.value!r} acts on an engine's offloading "
+                           'load; it needs engine = "vllm"')
     tp_keys.check_tp(values, prefix)
     return Scenario(**values, source=source)
 

@@ -59,6 +59,8 @@ class Hazard(NamedEnum):
     RELOAD = "reload_before_write"
     # A deferred Mamba copy-on-write reads a whole slot while it is loaded layer by layer (#36743)
     COW = "mamba_cow"
+    # The load into freshly allocated blocks lands before the compute stream's zeroing of them (vllm#50696)
+    ZEROING = "load_before_zeroing"
 
 
 class Pace(NamedEnum):
