@@ -40,8 +40,12 @@ class Adapter(Protocol):
     """A loaded engine: its version, its own load-event counter and device pools on a harness device.
 
     An adapter may also have `writeback(dev, layout, pools, forward, backup) -> WriteBack`, the
-    engine's own device-to-host path (vLLM's offloading worker); where it has none, the harness's
-    `WriteBack` runs (`harness.run.testbed`). Optional, so an adapter written before it still loads.
+    engine's own device-to-host path (vLLM's offloading workers; a scenario's `connector` is passed as
+    `connector=` where it names one); where it has none, the harness's `WriteBack` runs
+    (`harness.run.testbed`). And `offload_loader(dev, layout, pools, host, policy) -> EngineLoader`, the
+    engine's load of an offloaded prefix into freshly allocated blocks, for a hazard whose load is one
+    (`load_before_zeroing`), with the scenario's transfer path. Both optional, so an adapter written
+    before them still loads.
     """
 
     @property

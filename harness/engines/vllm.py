@@ -73,6 +73,11 @@ NEEDED = {
 INSTALL = ("make engine-matrix (vllm 0.16.0 and 0.17.0, each in .engines/vllm-VERSION), or: "
            "pip install --no-deps vllm==0.17.0 beside the .[vllm] extra")
 
+# The connectors whose offloading worker a write-back hazard's store can run through (a scenario's
+# `connector`; the first is the default): OffloadingConnector's handlers (`harness.engines.vllm_offload`)
+# and SimpleCPUOffloadConnector's worker (`harness.engines.vllm_simple_offload`, 0.19.0 on).
+WRITEBACK_CONNECTORS = ("OffloadingConnector", "SimpleCPUOffloadConnector")
+
 # What the scenario's graph mode asks vLLM for, and what it may settle on, as the harness's runners.
 FULL, PIECEWISE = "FULL", "PIECEWISE"
 
@@ -100,20 +105,35 @@ class Vllm:
 
         return VllmPools(self, dev, layout)
 
-    def loader(self, dev: Device, layout: Layout, pools: HybridPool, host: HostPool) -> EngineLoader:
+    def loader(self, dev: Device, layout: Layout, pools: HybridPool, host: HostPool) -> EngineLoader | None:
         """The worker's connector, made by vLLM from a VllmConfig: its `start_load_kv` starts each
-        load op (`harness.engines.vllm_load`)."""
+        load op (`harness.engines.vllm_load`). None on a release whose connector contract is not
+        usable here (`contract_error`): the harness's own load op stands in, the attention runs with no
+        connector, and the contract's fences say why they cannot run."""
         from harness.engines.vllm_load import VllmLoad
         from harness.engines.vllm_pools import VllmPools
+
+        if self.contract_error is not None:
+            return None
 
         if not isinstance(pools, VllmPools):
             raise TypeError(f"the connector loads into vLLM's KV caches, not {type(pools).__name__}")
         return VllmLoad(self, dev, layout, pools, host)
 
     def writeback(self, dev: Device, layout: Layout, pools: HybridPool, forward: Stream,
-                  host: HostBackup) -> WriteBack:
-        """The write-back through vLLM's own CPU offloading worker and handlers
-        (`harness.engines.vllm_offload`): vLLM decides the stream and the waits of each store."""
+                  host: HostBackup, connector: str | None = None) -> WriteBack:
+        """The write-back through a vLLM connector's own offloading worker: OffloadingConnector's
+        handlers (`harness.engines.vllm_offload`, the default) or SimpleCPUOffloadConnector's worker
+        (`harness.engines.vllm_simple_offload`); vLLM decides the stream and the waits of each store."""
+        if connector == "SimpleCPUOffloadConnector":
+            from harness.engines import vllm_scheduler, vllm_simple_offload
+
+            names = getattr(pools, "names", {})
+            self.modules.update(import_needed(self.version, {**vllm_simple_offload.NEEDED,
+                                                              vllm_scheduler.KV_CACHE: vllm_scheduler.NEEDED[
+                                                                  vllm_scheduler.KV_CACHE]}))
+            config = vllm_scheduler.kv_cache_config(self, layout, names, BLOCK_SIZE)
+            return vllm_simple_offload.VllmSimpleOffload(self, dev, layout, pools, forward, host, config)
         from harness.engines import vllm_offload
 
         self.modules.update(import_needed(self.version, vllm_offload.NEEDED))

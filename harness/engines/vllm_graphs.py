@@ -46,6 +46,8 @@ class VllmGraphs:
     def setup(self, s: Any) -> None:
         from harness.engines import vllm_load
 
+        eng.load().module(eng.CONFIG)  # the connector contract usable here, or the reason it is not
+
         if self.connector is None:
             from harness.engines.vllm_connector import LayerwiseConnector  # imports vLLM
 

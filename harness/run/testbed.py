@@ -87,8 +87,11 @@ class Testbed:
         targets = tuple(r for lid in range(n) for r in prefix_regions(layout, lid))
         # The engine's own write-back where its adapter has one (vLLM's offloading worker), else the harness's.
         engine_writeback = getattr(engine, "writeback", None)
+        # A scenario's `connector` (vLLM's) names which of the engine's workers stores.
+        chosen = {"connector": s.connector} if s.connector else {}
         self.writeback = (None if backup is None
-                          else engine_writeback(dev, layout, self.pool, self.forward, backup) if engine_writeback
+                          else engine_writeback(dev, layout, self.pool, self.forward, backup, **chosen)
+                          if engine_writeback
                           else WriteBack(dev, layout, self.pool, self.forward, backup))
         self.bed = HazardBed(dev, layout, self.pool, self.copies, targets, s.poison, s.seed, chunks, self.host,
                              self.load, transfer_policy(s.transfer), self.writeback, timeout_s,
