@@ -1,8 +1,8 @@
 # make test      lint (ruff), types (mypy), then the CPU suite (creates .venv on first use; torch
 #                pinned to the CPU build 2.13.0)
 # make test-engine  the engine adapter's tests, against an installed sglang 0.5.23 (own venv)
-# make engine-matrix the engine scenarios on sglang 0.5.20-0.5.23 and vllm 0.13.0, 0.16.0, 0.17.0, each release
-#                in its own process
+# make engine-matrix the engine scenarios on sglang 0.5.20-0.5.23 and vllm 0.13.0, 0.16.0, 0.17.0, 0.23.0,
+#                0.24.0, 0.27.0, 0.28.0, each release in its own process
 # make test-vllm  the vLLM adapter's and connector-check's tests on each vLLM release (own venv)
 # make engine-pack   .engines/carry: sglang 0.5.22 and 0.5.23, vllm 0.16.0 and 0.17.0 for a GPU host
 #                with no package index (PACK_ENGINES chooses the engines)
@@ -70,17 +70,24 @@ ENGINES_DIR     ?= .engines
 VLLM_VENV     ?= .venv-vllm
 VLPY          := $(VLLM_VENV)/bin/python
 VLLM_RELEASES ?= 0.13.0,0.16.0,0.17.0
+# The releases either side of vllm#46278 (SimpleCPUOffloadConnector's store ordered after the compute
+# stream, first in 0.24.0; the connector is in 0.19.0 on): scenarios/engine/vllm_simple_offload.toml and
+# its tests (0.24.0 on refuse the extra's Transformers 4: engine-matrix --install-only puts Transformers 5
+# in such a release's own folder).
+VLLM_SIMPLE_RELEASES ?= 0.23.0,0.24.0
 # The releases either side of vllm#50696 (the offloading load ordered after the compute stream, first
-# in 0.28.0): their offloading worker is a module of its own, driven by the offload tests alone (the
-# adapter's config, for the scenario files, needs a newer Transformers than the extra's).
+# in 0.28.0): their offloading worker is a module of its own, which scenarios/engine/vllm_offload_load.toml
+# and the offload tests drive (the connector contract's config needs a newer Transformers than the
+# extra's: engine-matrix runs that file alone on them).
 VLLM_LOAD_RELEASES ?= 0.27.0,0.28.0
+VLLM_ALL_RELEASES = $(VLLM_RELEASES),$(VLLM_SIMPLE_RELEASES),$(VLLM_LOAD_RELEASES)
 ENGINE_RELEASES ?= 0.5.20,0.5.21,0.5.22,0.5.23
 ENGINE_REPLAYS  ?= 10
 engine-matrix: $(ENGINE_VENV)/.installed $(VLLM_VENV)/.installed
 	$(EPY) -m harness engine-matrix --releases $(ENGINE_RELEASES) --engines-dir $(ENGINES_DIR) \
 		--device auto --replays $(ENGINE_REPLAYS) --out $(REPORTS)/engine-matrix
-	$(VLPY) -m harness engine-matrix --engine vllm --releases $(VLLM_RELEASES) --engines-dir $(ENGINES_DIR) \
-		--device auto --replays $(ENGINE_REPLAYS) --out $(REPORTS)/engine-matrix
+	$(VLPY) -m harness engine-matrix --engine vllm --releases $(VLLM_ALL_RELEASES) \
+		--engines-dir $(ENGINES_DIR) --device auto --replays $(ENGINE_REPLAYS) --out $(REPORTS)/engine-matrix
 
 # vLLM: the releases either side of vllm-project/vllm#31057 (requires_piecewise_for_cudagraph, and
 # VllmConfig's FULL-to-PIECEWISE downgrade for it, first in 0.17.0), and 0.13.0, before #31341 (the
@@ -96,22 +103,23 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	touch $@
 
 # The adapter's, connector-check's and the vLLM pack's tests, once per release folder (installed as
-# engine-matrix does; on 0.17.0 the pack's test also simulates a GPU host on the CPU, downloading the
-# pack's wheels for this CPython); required: a test module that cannot import what it drives fails
-# here, where elsewhere it skips.
+# engine-matrix installs them; on 0.17.0 the pack's test also simulates a GPU host on the CPU,
+# downloading the pack's wheels for this CPython); required: a test module that cannot import what it
+# drives fails here, where elsewhere it skips.
+VLLM_TEST = FENCE_HARNESS_VLLM_TEST=required PYTHONPATH=$(ENGINES_DIR)/vllm-$$v $(VLPY) -m pytest -q -m "not gpu" \
+	-p no:cacheprovider
 test-vllm: $(VLLM_VENV)/.installed
+	$(VLPY) -m harness engine-matrix --engine vllm --releases $(VLLM_ALL_RELEASES) --engines-dir $(ENGINES_DIR) \
+		--install-only || exit 2
 	for v in $(subst $(comma),$(space),$(VLLM_RELEASES)); do \
-		test -f $(ENGINES_DIR)/vllm-$$v/vllm/__init__.py || \
-			$(VLPY) -m pip install -q --no-deps --target $(ENGINES_DIR)/vllm-$$v vllm==$$v || exit 2; \
-		FENCE_HARNESS_VLLM_TEST=required PYTHONPATH=$(ENGINES_DIR)/vllm-$$v $(VLPY) -m pytest -q -m "not gpu" -p no:cacheprovider \
-			tests/engines/test_vllm.py tests/engines/test_vllm_offload.py tests/frontends/test_connector_check.py \
-			tests/frontends/test_engine_pack_vllm.py || exit 1; \
+		$(VLLM_TEST) tests/engines/test_vllm.py tests/engines/test_vllm_offload.py \
+			tests/frontends/test_connector_check.py tests/frontends/test_engine_pack_vllm.py || exit 1; \
+	done
+	for v in $(subst $(comma),$(space),$(VLLM_SIMPLE_RELEASES)); do \
+		$(VLLM_TEST) tests/engines/test_vllm_simple_offload.py || exit 1; \
 	done
 	for v in $(subst $(comma),$(space),$(VLLM_LOAD_RELEASES)); do \
-		test -f $(ENGINES_DIR)/vllm-$$v/vllm/__init__.py || \
-			$(VLPY) -m pip install -q --no-deps --target $(ENGINES_DIR)/vllm-$$v vllm==$$v || exit 2; \
-		FENCE_HARNESS_VLLM_TEST=required PYTHONPATH=$(ENGINES_DIR)/vllm-$$v $(VLPY) -m pytest -q -m "not gpu" \
-			-p no:cacheprovider tests/engines/test_vllm_offload.py || exit 1; \
+		$(VLLM_TEST) tests/engines/test_vllm_offload.py tests/engines/test_vllm_simple_offload.py || exit 1; \
 	done
 
 # For a GPU host with no package index: .engines/carry holds each release's imported files, stubs

@@ -4,20 +4,21 @@
 harness's graph, its `LayerDoneCounter` / `LayerLoadingEvent` (see `harness.engines.sglang`
 and `harness.engines.sglang_execute`).
 `vllm`: the installed release's own attention-layer connector hooks (`unified_attention`) and
-VllmConfig's FULL-to-PIECEWISE decision for a KV connector, around the harness's model (see
-`harness.engines.vllm`, `harness.engines.vllm_graphs`).
+VllmConfig's FULL-to-PIECEWISE decision for a KV connector, around the harness's model, and its
+CPU offloading worker's stores and loads (see `harness.engines.vllm`, `harness.engines.vllm_graphs`,
+`harness.engines.vllm_offload`, `harness.engines.vllm_offload_load`).
 A scenario picks one with `engine = "NAME"`; its fences are then named like any other.
 """
 
 from __future__ import annotations
 
-from harness.engines import sglang, sglang_execute, vllm, vllm_graphs
+from harness.engines import sglang, sglang_execute, vllm, vllm_fences
 from harness.engines.engine import Adapter, Engine
 from harness.records.errors import InputError
 
 ENGINES: dict[str, Engine] = {
     e.name: e for e in (Engine("sglang", sglang.load, sglang_execute.FENCES),
-                        Engine("vllm", vllm.load, vllm_graphs.FENCES))
+                        Engine("vllm", vllm.load, vllm_fences.FENCES))
 }
 
 

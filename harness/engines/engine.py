@@ -8,12 +8,13 @@ counter, its pools, its load chain) stands where the harness's own would.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from harness.records.errors import InputError
+from harness.records.errors import EngineContractBroken, InputError
 
 if TYPE_CHECKING:
     from harness.devices.base import Device, Gate, Stream
@@ -39,8 +40,12 @@ class Adapter(Protocol):
     """A loaded engine: its version, its own load-event counter and device pools on a harness device.
 
     An adapter may also have `writeback(dev, layout, pools, forward, backup) -> WriteBack`, the
-    engine's own device-to-host path (vLLM's offloading worker); where it has none, the harness's
-    `WriteBack` runs (`harness.run.testbed`). Optional, so an adapter written before it still loads.
+    engine's own device-to-host path (vLLM's offloading workers; a scenario's `connector` is passed as
+    `connector=` where it names one); where it has none, the harness's `WriteBack` runs
+    (`harness.run.testbed`). And `offload_loader(dev, layout, pools, host, policy) -> EngineLoader`, the
+    engine's load of an offloaded prefix into freshly allocated blocks, for a hazard whose load is one
+    (`load_before_zeroing`), with the scenario's transfer path. Both optional, so an adapter written
+    before them still loads.
     """
 
     @property
@@ -95,3 +100,15 @@ def lookup(module: ModuleType, dotted: str) -> object | None:
         if obj is None:
             return None
     return obj
+
+
+def construct(cls: Any, **known: Any) -> Any:
+    """`cls(...)` with the known arguments its signature names; an error naming any it
+    requires that the harness does not know."""
+    params = inspect.signature(cls).parameters
+    missing = [n for n, p in params.items()
+               if n not in known and p.default is inspect.Parameter.empty
+               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if missing:
+        raise EngineContractBroken(f"{cls.__name__} requires {', '.join(missing)}, which the harness cannot give")
+    return cls(**{n: v for n, v in known.items() if n in params})

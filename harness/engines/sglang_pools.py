@@ -30,13 +30,13 @@ what the harness knows; one that needs something more is an EngineContractBroken
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from harness.devices.base import Device, dtype_of
+from harness.engines.engine import construct
 from harness.protocol.accessors import AccessorPolicy, per_layer
 from harness.protocol.counter import LoadCounter
 from harness.protocol.layout import Layout
@@ -48,18 +48,6 @@ MEMORY = "sglang.srt.mem_cache.memory_pool"
 MAMBA = "sglang.srt.configs.mamba_utils"
 # The QSA pool, imported only for a model with a sparse-attention index (the adapter needs it nowhere else).
 QSA = "sglang.srt.mem_cache.qsa_kv_pool"
-
-
-def construct(cls: Any, **known: Any) -> Any:
-    """`cls(...)` with the known arguments its signature names; an error naming any it
-    requires that the harness does not know."""
-    params = inspect.signature(cls).parameters
-    missing = [n for n, p in params.items()
-               if n not in known and p.default is inspect.Parameter.empty
-               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if missing:
-        raise EngineContractBroken(f"{cls.__name__} requires {', '.join(missing)}, which the harness cannot give")
-    return cls(**{n: v for n, v in known.items() if n in params})
 
 
 class EngineKV(KVPool):

@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from harness.engines.engine import import_engine, lookup
+from harness.records.errors import InputError
 
 if TYPE_CHECKING:
     from harness.devices.base import Device, Stream
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
     from harness.protocol.counter import LoadCounter
     from harness.protocol.layout import Layout
     from harness.protocol.pools import HostPool, HybridPool
-    from harness.protocol.writeback import HostBackup, WriteBack
+    from harness.protocol.writeback import HostBackup, TransferPolicy, WriteBack
 
 PLATFORMS = "vllm.platforms"
 PLATFORM = "vllm.platforms.interface"
@@ -62,17 +64,22 @@ ATTENTION_AT = (ATTENTION, "vllm.attention.layer")
 NEEDED = {
     PLATFORMS: (),
     PLATFORM: ("Platform", "PlatformEnum.OOT"),
-    CONFIG: ("VllmConfig", "CompilationConfig", "KVTransferConfig"),
+    CONFIG: ("VllmConfig", "CompilationConfig", "KVTransferConfig", "CacheConfig"),
     COMPILATION: ("CUDAGraphMode.FULL", "CUDAGraphMode.PIECEWISE", "CompilationMode.VLLM_COMPILE"),
     CONNECTOR: ("KVConnectorBase_V1.wait_for_layer_load", "KVConnectorBase_V1.save_kv_layer",
                 "KVConnectorBase_V1.start_load_kv", "KVConnectorBase_V1.bind_connector_metadata",
                 "KVConnectorMetadata", "KVConnectorRole.WORKER"),
     TRANSFER: ("ensure_kv_transfer_initialized", "ensure_kv_transfer_shutdown", "get_kv_transfer_group"),
     FORWARD: ("set_forward_context", "get_forward_context"),
-    ATTENTION: ("unified_attention",),
+    ATTENTION: ("unified_attention", "Attention.get_attn_backend", "AttentionBackend.get_kv_cache_shape"),
 }
 INSTALL = ("make engine-matrix (vllm 0.16.0 and 0.17.0, each in .engines/vllm-VERSION), or: "
            "pip install --no-deps vllm==0.17.0 beside the .[vllm] extra")
+
+# The connectors whose offloading worker a write-back hazard's store can run through (a scenario's
+# `connector`; the first is the default): OffloadingConnector's handlers (`harness.engines.vllm_offload`)
+# and SimpleCPUOffloadConnector's worker (`harness.engines.vllm_simple_offload`, 0.19.0 on).
+WRITEBACK_CONNECTORS = ("OffloadingConnector", "SimpleCPUOffloadConnector")
 
 # What the scenario's graph mode asks vLLM for, and what it may settle on, as the harness's runners.
 FULL, PIECEWISE = "FULL", "PIECEWISE"
@@ -82,6 +89,10 @@ FULL, PIECEWISE = "FULL", "PIECEWISE"
 class Vllm:
     version: str
     modules: dict[str, Any]  # Any: vllm has no types here (it may not even be installed)
+    # Why the connector contract's modules (`NEEDED`) cannot be used on this release, or None: a
+    # part that needs them says so when it is used (`module`), so the offloading worker's parts run
+    # where the contract does not (0.27.0 on in the .[vllm] extra: its vllm.config needs Transformers 5).
+    contract_error: InputError | None = None
 
     def counter(self, dev: Device, num_layers: int) -> LoadCounter:
         """The connector's load events: vLLM has no counter of its own (a connector keeps its own
@@ -97,28 +108,56 @@ class Vllm:
 
         return VllmPools(self, dev, layout)
 
-    def loader(self, dev: Device, layout: Layout, pools: HybridPool, host: HostPool) -> EngineLoader:
+    def loader(self, dev: Device, layout: Layout, pools: HybridPool, host: HostPool) -> EngineLoader | None:
         """The worker's connector, made by vLLM from a VllmConfig: its `start_load_kv` starts each
-        load op (`harness.engines.vllm_load`)."""
+        load op (`harness.engines.vllm_load`). None on a release whose connector contract is not
+        usable here (`contract_error`): the harness's own load op stands in, the attention runs with no
+        connector, and the contract's fences say why they cannot run."""
         from harness.engines.vllm_load import VllmLoad
         from harness.engines.vllm_pools import VllmPools
+
+        if self.contract_error is not None:
+            return None
 
         if not isinstance(pools, VllmPools):
             raise TypeError(f"the connector loads into vLLM's KV caches, not {type(pools).__name__}")
         return VllmLoad(self, dev, layout, pools, host)
 
     def writeback(self, dev: Device, layout: Layout, pools: HybridPool, forward: Stream,
-                  host: HostBackup) -> WriteBack:
-        """The write-back through vLLM's own CPU offloading worker and handlers
-        (`harness.engines.vllm_offload`): vLLM decides the stream and the waits of each store."""
+                  host: HostBackup, connector: str | None = None) -> WriteBack:
+        """The write-back through a vLLM connector's own offloading worker: OffloadingConnector's
+        handlers (`harness.engines.vllm_offload`, the default) or SimpleCPUOffloadConnector's worker
+        (`harness.engines.vllm_simple_offload`); vLLM decides the stream and the waits of each store."""
+        if connector == "SimpleCPUOffloadConnector":
+            from harness.engines import vllm_scheduler, vllm_simple_offload
+
+            names = getattr(pools, "names", {})
+            self.modules.update(import_needed(self.version, {**vllm_simple_offload.NEEDED,
+                                                              vllm_scheduler.KV_CACHE: vllm_scheduler.NEEDED[
+                                                                  vllm_scheduler.KV_CACHE]}))
+            config = vllm_scheduler.kv_cache_config(self, layout, names, BLOCK_SIZE)
+            return vllm_simple_offload.VllmSimpleOffload(self, dev, layout, pools, forward, host, config)
         from harness.engines import vllm_offload
 
         self.modules.update(import_needed(self.version, vllm_offload.NEEDED))
         return vllm_offload.VllmOffload(self, dev, layout, pools, forward, host)
 
+    def offload_loader(self, dev: Device, layout: Layout, pools: HybridPool, host: HostPool,
+                       policy: TransferPolicy) -> EngineLoader:
+        """The batch's load through vLLM's own CPU offloading worker (`CPUOffloadingWorker.submit_load`,
+        0.27.0 on: `harness.engines.vllm_offload_load`), for a hazard whose load is an offloaded
+        prefix loaded back into freshly allocated blocks (`load_before_zeroing`)."""
+        from harness.engines import vllm_offload_load
+
+        self.modules.update(import_needed(self.version, vllm_offload_load.NEEDED))
+        return vllm_offload_load.make(self, dev, layout, pools, host, policy)
+
     # ---- what the adapter's modules reach through it ------------------------------------------
     def module(self, name: str) -> Any:
-        """One of `NEEDED`'s modules, imported and checked by `load()`."""
+        """One of the modules imported and checked so far (`NEEDED`'s by `load()`, others by the part
+        that needs them); InputError (exit 2) naming why where the connector contract is not usable."""
+        if name not in self.modules and name in NEEDED and self.contract_error is not None:
+            raise self.contract_error
         return self.modules[name]
 
     def connector_config(self, connector: type, extra_config: dict[str, Any]) -> Any:
@@ -130,15 +169,25 @@ class Vllm:
 
 @functools.lru_cache(maxsize=1)
 def load(source: str = "engine", key: str = "engine") -> Vllm:
-    """Import the engine and check every name the adapter needs; InputError (exit 2) if not."""
-    from harness.records.errors import EngineContractBroken, InputError
+    """Import the engine (InputError, exit 2, if it is not importable), vLLM's platform first (the
+    harness's set as it imports: `install_platform`), and check every name the connector contract
+    needs: where one is missing, the parts that need them fail with that InputError when used, and
+    the others (the offloading worker's) run. A module of vLLM holding another platform is an
+    InputError too (`check_platform`)."""
+    from harness.records.errors import EngineContractBroken
 
-    version, modules = import_engine("vllm", NEEDED, INSTALL, source, key, importer=_import)
+    version, modules = import_engine("vllm", {PLATFORMS: ()}, INSTALL, source, key, importer=_import)
+    missing: InputError | None = None
+    contract: dict[str, Any] = {}
+    try:
+        _, contract = import_engine("vllm", NEEDED, INSTALL, source, key, importer=_import)
+    except InputError as e:
+        missing = e
     try:
         check_platform()
     except EngineContractBroken as e:
         raise InputError(source, key, f"vllm {version}: {e}") from None
-    return Vllm(version, modules)
+    return Vllm(version, {**modules, **contract}, missing)
 
 
 def import_needed(version: str, needed: dict[str, tuple[str, ...]]) -> dict[str, Any]:
@@ -179,9 +228,10 @@ _platform: Any = None
 
 def harness_platform(iface: ModuleType) -> Any:
     """The simulator (or the harness's CUDA device) as vLLM's current platform: an out-of-tree
-    platform that captures graphs, so VllmConfig takes its graph-mode branch as on a GPU (`iface`:
-    `vllm.platforms.interface`). The same platform on both devices, so vLLM takes the same branches
-    on a GPU as on the simulator."""
+    platform that captures graphs, so VllmConfig takes its graph-mode branch as on a GPU, and that
+    is CUDA-alike, as the GPU the harness's device stands for is (vLLM's CPU offloading refuses any
+    other platform: `CPUOffloadingSpec.get_handlers`) (`iface`: `vllm.platforms.interface`). The
+    same platform on both devices, so vLLM takes the same branches on a GPU as on the simulator."""
     global _platform
     if _platform is not None:
         return _platform
@@ -194,6 +244,9 @@ def harness_platform(iface: ModuleType) -> Any:
 
         @classmethod
         def support_static_graph_mode(cls) -> bool:
+            return True
+
+        def is_cuda_alike(self) -> bool:
             return True
 
     _platform = HarnessPlatform()
@@ -218,6 +271,14 @@ def install_platform(platforms: ModuleType) -> None:
                                    "harness's was set; import vLLM through harness.engines.vllm.load()")
     setattr(platforms, "_current_platform", ours)  # noqa: B010 - what vllm.platforms.__getattr__ answers
     setattr(platforms, "current_platform", ours)  # noqa: B010 - what `from vllm.platforms import` binds
+    if resolved is None or resolved is ours:
+        return
+    # A module imported before (on a CPU host, bound to the "no device found" platform) sees what it
+    # would have bound had the harness's platform been there first: vLLM's CPU offloading, say, asks
+    # its module's platform whether it is CUDA-alike.
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("vllm.") and vars(module).get("current_platform") is resolved:
+            setattr(module, "current_platform", ours)  # noqa: B010 - a module of vLLM's, not typed here
 
 
 def check_platform() -> None:
@@ -226,8 +287,6 @@ def check_platform() -> None:
     (vLLM's CUDA platform, resolved on a GPU host before the harness's was set), or vLLM's CUDA
     platform module imported at all, is an EngineContractBroken naming it: never a run on vLLM's
     CUDA code paths with its compiled ops missing."""
-    import sys
-
     from harness.records.errors import EngineContractBroken
 
     if _platform is None:
@@ -249,20 +308,26 @@ def check_platform() -> None:
 def use_harness_platform(engine: Vllm) -> None:
     """vLLM's current platform is the harness's (`install_platform` set it at import; set again where
     a test or a check set another since), and no module of vLLM holds another (`check_platform`)."""
-    install_platform(engine.modules[PLATFORMS])
+    install_platform(engine.module(PLATFORMS))
     check_platform()
+
+
+# The KV cache's block, in tokens: one slot, as the harness's caches are laid out (`harness.engines.vllm_pools`).
+BLOCK_SIZE = 1
 
 
 def connector_config(engine: Vllm, connector: type, extra_config: dict[str, Any], mode: str = FULL) -> Any:
     """A whole VllmConfig with no model: `mode` asked for (FULL), `connector` named by module path
-    for both roles; `compilation_config.cudagraph_mode` is then vLLM's decision."""
+    for both roles, the cache's block size the harness's (what a model's config would set, and a
+    connector's spec reads); `compilation_config.cudagraph_mode` is then vLLM's decision."""
     use_harness_platform(engine)
-    cfg, comp = engine.modules[CONFIG], engine.modules[COMPILATION]
+    cfg, comp = engine.module(CONFIG), engine.module(COMPILATION)
     kv = cfg.KVTransferConfig(kv_connector=connector.__name__, kv_connector_module_path=connector.__module__,
                               kv_role="kv_both", kv_connector_extra_config=dict(extra_config))
     compilation = cfg.CompilationConfig(cudagraph_mode=getattr(comp.CUDAGraphMode, mode),
                                         mode=comp.CompilationMode.VLLM_COMPILE)
-    return cfg.VllmConfig(compilation_config=compilation, kv_transfer_config=kv)
+    return cfg.VllmConfig(compilation_config=compilation, kv_transfer_config=kv,
+                          cache_config=cfg.CacheConfig(block_size=BLOCK_SIZE))
 
 
 def decided_mode(config: Any) -> str:

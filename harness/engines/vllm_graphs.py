@@ -14,7 +14,10 @@ installed release's VllmConfig settled on:
   FULL on every release (teeth: the downgrade disabled must race).
 
 `VllmGraphs(connector, extra_config)` is the same for any connector class (`fence-harness
-connector-check`).
+connector-check`). Right before each forward it lets vLLM's scheduler decide when that forward runs
+(`VllmLoad.before_forward`): for a connector that loads asynchronously, once its worker has
+reported the load finished. `same_step=True` (the `vllm_check_full_same_step` mutant) runs the
+forward in its load's own step whatever the connector answered, so only its hooks can order it.
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ class VllmGraphs:
     """The runner of the mode vLLM's VllmConfig settles on for `connector` (None: the harness's
     `LayerwiseConnector`) with `extra_config`; `downgrade=False` keeps FULL whatever vLLM decided."""
 
-    def __init__(self, connector: type | None, extra_config: dict[str, Any], *, downgrade: bool = True):
+    def __init__(self, connector: type | None, extra_config: dict[str, Any], *, downgrade: bool = True,
+                 same_step: bool = False):
         self.connector, self.extra_config, self.downgrade = connector, dict(extra_config), downgrade
+        self.same_step = same_step
         self.mode = ""  # what vLLM decided
         self.backend = Backend.FULL  # what runs
         self.runner: Any = None
@@ -41,11 +46,16 @@ class VllmGraphs:
     def setup(self, s: Any) -> None:
         from harness.engines import vllm_load
 
+        eng.load().module(eng.CONFIG)  # the connector contract usable here, or the reason it is not
+
         if self.connector is None:
             from harness.engines.vllm_connector import LayerwiseConnector  # imports vLLM
 
             self.connector = LayerwiseConnector
-        self.mode = vllm_load.current().configure(self.connector, self.extra_config)
+        load = vllm_load.current()
+        self.mode = load.configure(self.connector, self.extra_config)
+        if load.scheduler is not None:
+            load.scheduler.same_step = self.same_step
         if self.mode not in RUNNER_OF:
             raise EngineContractBroken(f"vLLM settled on cudagraph mode {self.mode}; the harness maps FULL and "
                                        "PIECEWISE only")
@@ -54,9 +64,12 @@ class VllmGraphs:
             self.runner = s.runner(self.backend)
 
     def __call__(self, ctx: Any) -> Any:
+        from harness.engines import vllm_load
+
         if ctx.runner.backend is not Backend.FULL:
             raise EngineContractBroken(f"the vLLM fences ask vLLM for FULL: the scenario's backend must be full, "
                                        f"not {ctx.runner.backend.value}")
+        vllm_load.current().before_forward(ctx.host_wait)
         return self.runner  # None: the scenario's full graph
 
 
@@ -79,9 +92,9 @@ def checking(connector: type | None, extra_config: dict[str, Any] | None = None)
     _checked = (connector, dict(extra_config or {}))
 
 
-def _checked_strategy(downgrade: bool, description: str):
+def _checked_strategy(downgrade: bool, description: str, same_step: bool = False):
     def make() -> VllmGraphs:
-        return VllmGraphs(*_checked, downgrade=downgrade)
+        return VllmGraphs(*_checked, downgrade=downgrade, same_step=same_step)
 
     make.makes_strategy = True  # type: ignore[attr-defined]
     make.__doc__ = description
@@ -104,4 +117,7 @@ FENCES = {
         True, "The installed vLLM's cudagraph mode for the connector `fence-harness connector-check` checks."),
     "vllm_check_full": _checked_strategy(
         False, "A FULL graph for the connector `fence-harness connector-check` checks, whatever it declares."),
+    "vllm_check_full_same_step": _checked_strategy(
+        False, "Mutant: a FULL graph for the connector `fence-harness connector-check` checks, its forward run in "
+        "its load's own step whatever its scheduler side answered (only its hooks can order the reads).", True),
 }

@@ -15,14 +15,22 @@ listeners): the connector applies the fault on its load stream.
 
 Until a fence configures another, the connector is the harness's `LayerwiseConnector` declaring
 False (the ground truth's load, and scenarios whose fence is not vLLM's, use it).
+
+A connector that is not the harness's (vLLM's own `OffloadingConnector`, a user's, through
+`fence-harness connector-check`) gets what a real engine gives it instead
+(`harness.engines.vllm_scheduler`): the model's `KVCacheConfig` for both roles, the scheduler's
+connector beside the worker's, vLLM's offloading handlers on the harness device
+(`harness.engines.vllm_handlers`), the batch's prefixes offloaded by earlier requests, and its
+metadata built by its own scheduler side; a load op is then the connector's `start_load_kv` of
+the batch's requests, and `before_forward` is the scheduler's decision of when their forward runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.devices.base import Device, Gate
+from harness.devices.base import Device, Event, Gate
 from harness.engines.vllm_pools import FORWARD, VllmPools
 from harness.faults.plan import FaultPlan
 from harness.protocol.layout import Layout
@@ -53,8 +61,10 @@ class VllmLoad:
         self.stream = dev.Stream("load")
         self.transfer = conn.Transfer(dev, self.stream, self.counter, plan_copies(layout, host, pools), layout,
                                       {name: lid for lid, name in pools.names.items()})
+        self.host = host
         self.connector: Any = None
         self.config: Any = None
+        self.scheduler: Any = None  # vLLM's scheduler steps, for a connector that is not the harness's
         self.mode = ""
         self.configure(conn.LayerwiseConnector, {})
         _current = self
@@ -65,25 +75,58 @@ class VllmLoad:
 
         transfer = self.engine.module(TRANSFER)
         transfer.ensure_kv_transfer_shutdown()
+        if self.scheduler is not None:
+            self.scheduler.retire()
+            self.scheduler = None
         self.config = self.engine.connector_config(connector, extra_config)
         self.mode = self.engine.decided_mode(self.config)
-        conn.bind_transfer(self.transfer)
-        try:
-            transfer.ensure_kv_transfer_initialized(self.config)
-        finally:
-            conn.bind_transfer(None)
-        made: Any = transfer.get_kv_transfer_group()
+        self.pools.bind(self.config)
+        if issubclass(connector, conn.LayerwiseConnector):
+            conn.bind_transfer(self.transfer)
+            try:
+                transfer.ensure_kv_transfer_initialized(self.config)
+            finally:
+                conn.bind_transfer(None)
+            self.connector = self._made(connector)
+            self.connector.register_kv_caches(self.pools.registered)
+        else:
+            self._engine_connector(connector)
+        return self.mode
+
+    def _made(self, connector: type) -> Any:
+        made: Any = self.engine.module(TRANSFER).get_kv_transfer_group()
         if not isinstance(made, connector):
             raise EngineContractBroken(f"vLLM made a {type(made).__name__}, not the {connector.__name__} "
                                        "it was configured with")
-        self.connector = made
-        self.pools.bind(self.config)
-        self.connector.register_kv_caches(self.pools.caches)
-        return self.mode
+        return made
+
+    def _engine_connector(self, connector: type) -> None:
+        """A connector that is not the harness's, given what a real engine gives it (the module's text)."""
+        from harness.engines import vllm_handlers, vllm_scheduler
+        from harness.engines.vllm import BLOCK_SIZE, import_needed
+
+        needed = {**vllm_scheduler.NEEDED, **vllm_handlers.NEEDED}
+        self.engine.modules.update(import_needed(self.engine.version, needed))
+        kv_config = vllm_scheduler.kv_cache_config(self.engine, self.layout, self.pools.names, BLOCK_SIZE)
+        module = self.engine.module(vllm_handlers.CPU_GPU)
+        names = self.pools.names
+        handlers = vllm_handlers.HandlerDevice(
+            self.dev, module, {names[lid]: (lid, self.pools.registered[names[lid]])
+                               for lid in self.layout.shape.attention_layers})
+        with handlers.patched():
+            self.engine.module(TRANSFER).ensure_kv_transfer_initialized(self.config, kv_config)
+            self.connector = self._made(connector)
+            self.connector.register_kv_caches(self.pools.registered)
+        self.scheduler = vllm_scheduler.VllmScheduler(self.engine, self.dev, self.layout, names, self.config,
+                                                      kv_config, self.connector, handlers, self.counter,
+                                                      self.pools.forward_context)
+        self.scheduler.offload_prefixes(self.host, self.pools)
 
     def start(self, fault: FaultPlan, gate: Gate | None, listeners: Sequence[LayerListener]) -> LoadOp:
         from harness.engines import vllm_connector as conn
 
+        if self.scheduler is not None:
+            return self.scheduler.load(fault, gate, listeners, self.stream)
         started = self.transfer.started
         self.transfer.hooks.clear()
         self.connector.bind_connector_metadata(conn.LoadRequest(fault, gate, tuple(listeners)))
@@ -95,3 +138,9 @@ class VllmLoad:
             raise EngineContractBroken(f"the connector's start_load_kv started {self.transfer.started - started} "
                                        "load ops, not one")
         return op
+
+    def before_forward(self, host_wait: Callable[[Event], None]) -> None:
+        """Right before the batch's forward: vLLM's scheduler runs it once the connector's load lets
+        it (a connector that is not the harness's; the harness's own loads in the forward's step)."""
+        if self.scheduler is not None:
+            self.scheduler.before_forward(host_wait)

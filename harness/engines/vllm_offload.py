@@ -26,12 +26,10 @@ calls runs (construction, `transfer_async`, `get_finished`):
 - `torch.zeros` for the CPU tensors: views of the harness's host copy (`HostBackup`, re-laid as one
   `[2, layers, tokens, heads, head_dim]` buffer, so each layer's CPU tensor is vLLM's
   `[2, blocks, block, heads, head_dim]`), so what vLLM's copies write is what the probes observe;
-- the device caches as vLLM sees them: the harness's pool tensors viewed as
-  `[2, slots, 1, kv_heads, head_dim]` (vLLM's K/V-split layout, a block of one slot) and, on the
-  simulator, typed as device memory (`is_cuda`: the handler's GPU-to-CPU test); their layout's
-  backend: a subclass of the handler module's own `AttentionBackend` whose `get_kv_cache_shape` is
-  `(2, num_blocks, block_size, num_kv_heads, head_size)` (vLLM's FlashAttention layout; its stride
-  order is the base class's, not implemented: identity).
+- the device caches as vLLM sees them, and their layout's backend, as the pools register them
+  with a connector (`harness.engines.vllm_pools`: `device_view`, `layout_backend`): each layer's
+  tensor viewed as `[2, slots, 1, kv_heads, head_dim]` (a block of one slot), on the simulator
+  typed as device memory (the handler's GPU-to-CPU test), with FlashAttention's cache shape.
 
 The connector's scheduling is the harness's: the store of the batch's new tokens (one job per
 request, GPU blocks the request's new slots, CPU blocks its rows in batch order) is submitted right
@@ -55,6 +53,7 @@ from typing import Any
 import torch
 
 from harness.devices.base import Device, Event, Gate, Stream, dtype_of
+from harness.engines.vllm_pools import device_view, layout_backend, plain
 from harness.faults.plan import FaultPlan
 from harness.protocol.layout import Layout
 from harness.protocol.pools import HybridPool
@@ -73,18 +72,6 @@ NEEDED = {
              "OffloadingWorker.get_finished"),
     MEDIUMS: ("GPULoadStoreSpec", "CPULoadStoreSpec"),
 }
-
-
-class _DeviceMemory(torch.Tensor):
-    """The simulator's device memory as vLLM's handler tests it (`tensor.is_cuda`)."""
-
-    @property
-    def is_cuda(self) -> bool:  # type: ignore[override]
-        return True
-
-
-def _plain(t: torch.Tensor) -> torch.Tensor:
-    return t.as_subclass(torch.Tensor) if isinstance(t, _DeviceMemory) else t
 
 
 class StreamsOf:
@@ -172,12 +159,12 @@ class VllmOffload(WriteBack):
             for i, p in enumerate((Pool.K, Pool.V)):
                 self._where[cache[i].data_ptr()] = (p, lid, True)
                 self._where[buf[i, pool.kv.layer_index[lid]].data_ptr()] = (p, lid, False)
-        layout_backend = self._layout_backend()
-        gpu_caches = {names[lid]: self._device_view(caches[names[lid]]) for lid in s.attention_layers}
+        backend = layout_backend(engine)
+        gpu_caches = {names[lid]: device_view(caches[names[lid]]) for lid in s.attention_layers}
         with self._patched():
             self.handlers = self.cpu_gpu.CpuGpuOffloadingHandlers(
                 gpu_block_size=1, cpu_block_size=1, num_cpu_blocks=t, gpu_caches=gpu_caches,
-                attn_backends={name: layout_backend for name in gpu_caches})
+                attn_backends={name: backend for name in gpu_caches})
         worker, mediums = engine.module(WORKER), engine.module(MEDIUMS)
         self.worker = worker.OffloadingWorker()
         self.gpu_spec, self.cpu_spec = mediums.GPULoadStoreSpec, mediums.CPULoadStoreSpec
@@ -185,19 +172,6 @@ class VllmOffload(WriteBack):
         self.worker.register_handler(self.cpu_spec, self.gpu_spec, self.handlers.cpu_to_gpu_handler)
         self.jobs = itertools.count()
         self.copies = 0
-
-    def _layout_backend(self) -> type:
-        def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
-                               *args: Any, **kwargs: Any) -> tuple[int, ...]:
-            return (2, num_blocks, block_size, num_kv_heads, head_size)
-
-        return type("HarnessKVLayout", (self.cpu_gpu.AttentionBackend,),
-                    {"get_kv_cache_shape": staticmethod(get_kv_cache_shape)})
-
-    @staticmethod
-    def _device_view(cache: torch.Tensor) -> torch.Tensor:
-        view = cache.unsqueeze(2)  # [2, slots, kv_heads, head_dim] -> [2, blocks, 1, kv_heads, head_dim]
-        return view if view.is_cuda else view.as_subclass(_DeviceMemory)
 
     def next_host_tensor(self, shape: tuple[int, ...]) -> torch.Tensor:
         view = next(self._host_views, None)
@@ -228,7 +202,7 @@ class VllmOffload(WriteBack):
             raise EngineContractBroken("vLLM's swap_blocks was handed a tensor the harness did not register") from None
         if (sp, slid) != (dp, dlid) or s_dev == d_dev:
             raise EngineContractBroken(f"vLLM's swap_blocks copies {sp} L{slid} to {dp} L{dlid}")
-        s, d = _plain(src), _plain(dst)
+        s, d = plain(src), plain(dst)
         for s0, d0, n in _runs(mapping):
             dev_rows, host_rows = (s0, d0) if s_dev else (d0, s0)
             region = Region(sp, slid, dev_rows, dev_rows + n)

@@ -1,5 +1,5 @@
-"""vLLM's CPU-to-GPU offloading load after a pending zeroing of its destination blocks, through
-vLLM's own worker code (vllm-project/vllm#50696).
+"""vLLM's CPU-to-GPU offloading load as the batch's load op, through vLLM's own worker code: the
+hazard `load_before_zeroing` (vllm-project/vllm#50696).
 
 Models that zero freshly allocated KV blocks (vLLM's `needs_kv_cache_zeroing`, any model with
 Mamba layers) enqueue the zeroing on the compute stream. Before #50696 the CPU offloading
@@ -9,67 +9,77 @@ behind it, and the request attended over zeros. From 0.28.0 every transfer start
 `stream.wait_stream(current_platform.current_stream())`; 0.27.0 has the wait for stores only.
 
 What runs as vLLM's code (`vllm/v1/kv_offload/cpu/gpu_worker.py`, 0.27.0 on):
-`CPUOffloadingWorker(kv_caches, blocks_per_chunk, num_cpu_blocks)` (its CPU tensors, both
+`CPUOffloadingWorker(kv_caches, blocks_per_chunk=1, num_cpu_blocks)` (its CPU tensors, both
 handlers, the copy function chosen at construction), `submit_load(job_id, CPULoadStoreSpec,
 GPULoadStoreSpec)` (the descriptors, the stream from its pool or new, every wait it enqueues, its
-start and end events, the batched copy) and `get_finished()`.
+start and end events, the batched copy) and `get_finished()`, the host's poll before each load op.
+
+Its KV caches are the scenario's (the vLLM adapter's pools, `[2, slots, kv_heads, head_dim]` a
+layer), as vLLM canonicalises FlashAttention's layout: each layer's K and V a
+`CanonicalKVCacheTensor` of its own (a page a slot), one group referring to all of them. vLLM's CPU
+tensors are filled once, at set-up, with the harness's seeded host data (a request's prefix at its
+host rows), so ground truth is the harness's. One load op is one `submit_load` of every request's
+prefix (host rows to prefix slots), with the forward stream current, as the connector's worker
+submits it on the compute stream.
 
 What the harness supplies, patched into the module only while one of vLLM's calls runs: the batched
 copy (`ops.swap_blocks_batch`: each run of consecutive pages one `dev.copy_async`, found back from
-the descriptors' byte pointers), `current_platform.Stream`, `current_stream` and `stream` (the
-harness device's streams), `torch.Event` (the device's events, `elapsed_time` answering 0), and
-`PIN_MEMORY` off (the simulator has no pinned memory). The device caches are the harness's tensors,
+the descriptors' byte pointers, the scenario's fault applied as the harness's own load op applies
+it: the gate held before the first copy, the delay before each layer's copies, and each layer's
+event of the op recorded after its copies), `current_platform.Stream`, `current_stream` and
+`stream` (the harness device's streams), `torch.Event` (the device's events, `elapsed_time`
+answering 0), `PIN_MEMORY` off and Triton off (the simulator has neither). The device caches are
 typed as device memory on the simulator.
 
-The replay (`zero_then_load`), on the forward stream: the fault (a gate held, or a delay), the
-zeroing of the destination blocks (one launched kernel writing them: the stand-in for the engine's
-block zeroing), vLLM's load submitted with the forward stream current, the forward's wait on the
-load's end event (the scheduler sees the load finished before it schedules the request), and the
-forward's read of the blocks. Ground truth is the data the load copies. `waits_on_compute=False`
-(the teeth): `current_stream()` as the handler sees it answers an idle stream of its own, so every
-wait vLLM enqueues on the compute stream orders nothing.
+The forward is ordered after the load by the fence `vllm_offload_end` (the forward stream waits on
+the end event vLLM recorded for the load: vLLM's scheduler runs the request once the load is
+reported finished). Transfer `no_load_fence` is the teeth: `current_stream()` as the handler sees it
+answers an idle stream of its own, so every wait vLLM enqueues on the compute stream orders nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import importlib.util
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from harness.checkers.happens_before import Finding, find_races
-from harness.devices.base import Device, Event, Stream
-from harness.engines.vllm_offload import StreamsOf, _DeviceMemory, _plain
+from harness.devices.base import Device, Event, Gate, Stream, dtype_of
+from harness.engines.vllm_offload import StreamsOf
+from harness.engines.vllm_pools import DeviceMemory, VllmPools, plain
+from harness.faults.plan import FaultPlan
+from harness.protocol.layout import Layout
+from harness.protocol.pools import HostPool
+from harness.protocol.schedules import LayerListener, LoadOp
+from harness.protocol.writeback import TransferPolicy
 from harness.records.errors import EngineContractBroken
 from harness.records.trace import Pool, Region
 
 GPU_WORKER = "vllm.v1.kv_offload.cpu.gpu_worker"
 BASE = "vllm.v1.kv_offload.base"
 COMMON = "vllm.v1.kv_offload.cpu.common"
+NEEDED = {
+    GPU_WORKER: ("CPUOffloadingWorker.submit_load", "CPUOffloadingWorker.get_finished", "ops", "torch",
+                 "current_platform", "PIN_MEMORY", "HAS_TRITON"),
+    BASE: ("CanonicalKVCacheTensor", "CanonicalKVCacheRef", "CanonicalKVCaches", "GPULoadStoreSpec"),
+    COMMON: ("CPULoadStoreSpec",),
+}
 
 
 def available() -> bool:
-    """Whether the installed vLLM has the worker this drives (0.27.0 on)."""
+    """Whether the installed vLLM has the worker this drives (0.27.0 on), found without importing
+    `vllm.v1.kv_offload.cpu` (before 0.27.0 a module, whose import would bind vLLM's platform before
+    the harness sets its own)."""
     try:
-        return importlib.util.find_spec(GPU_WORKER) is not None
+        package = importlib.util.find_spec(GPU_WORKER.rsplit(".", 1)[0])
     except ModuleNotFoundError:
         return False
-
-
-@dataclass(frozen=True)
-class LoadVerdict:
-    stale_blocks: int  # destination blocks whose data the forward read is not the loaded data
-    findings: list[Finding]
-    copies: int  # harness copies vLLM's batched copy became
-
-    @property
-    def race(self) -> bool:
-        return self.stale_blocks > 0 or bool(self.findings)
+    return package is not None and package.submodule_search_locations is not None and any(
+        (Path(p) / "gpu_worker.py").is_file() for p in package.submodule_search_locations)
 
 
 class _Torch:
@@ -86,39 +96,55 @@ class _Torch:
 
 
 class VllmOffloadLoad:
-    """vLLM's CPU offloading worker over `layers` device caches of `blocks` pages each."""
+    """vLLM's CPU offloading worker over the scenario's KV caches; `start` is one load op."""
 
-    def __init__(self, dev: Device, layers: int = 2, blocks: int = 8, page: int = 64):
-        self.dev, self.layers, self.blocks, self.page = dev, layers, blocks, page
-        self.gw: Any = importlib.import_module(GPU_WORKER)
-        base, common = importlib.import_module(BASE), importlib.import_module(COMMON)
+    def __init__(self, engine: Any, dev: Device, layout: Layout, pools: VllmPools, host: HostPool,
+                 policy: TransferPolicy):
+        s = layout.shape
+        self.dev, self.layout = dev, layout
+        self.gw: Any = engine.module(GPU_WORKER)
+        base, common = engine.module(BASE), engine.module(COMMON)
         self.platform = self.gw.current_platform
-        self.streams: list[Stream] = []
-        self.idle = dev.Stream("offload-nowait")
+        self.counter = engine.counter(dev, s.num_layers)
+        self.stream = dev.Stream("offload-load")  # the op's nominal stream: vLLM's handler makes its own
+        self.streams: list[Stream] = []  # the streams vLLM's handler made
+        self.idle = dev.Stream("offload-nowait")  # the compute stream as `no_load_fence` shows it
         self.last_stream: Stream | None = None  # the last stream vLLM's worker entered
-        self.waits_on_compute = True
+        self.waits_on_compute = policy.load_fence
         self.copies = 0
-        device = dev.torch_device
-        self.caches = [torch.zeros((blocks, page), dtype=torch.float32, device=device) for _ in range(layers)]
-        page_bytes = page * 4
-        tensors = [base.CanonicalKVCacheTensor(tensor=self._device_view(c), page_size_bytes=page_bytes)
-                   for c in self.caches]
-        refs = [[base.CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=page_bytes) for i in range(layers)]]
+        self.dtype = dtype_of(s.dtype)
+        # vLLM's canonical tensors: each attention layer's K, then its V (pool, global layer id, slots).
+        self.parts = [(p, lid, pools.kv.k[a] if p == Pool.K else pools.kv.v[a])
+                      for a, lid in enumerate(s.attention_layers) for p in (Pool.K, Pool.V)]
+        self.page = s.kv_heads * s.head_dim * self.dtype.itemsize
+        tensors = [base.CanonicalKVCacheTensor(tensor=self._device_view(t), page_size_bytes=self.page)
+                   for _, _, t in self.parts]
+        refs = [[base.CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=self.page) for i in range(len(self.parts))]]
         self._torch, self._ops = _Torch(self), SimpleNamespace(swap_blocks_batch=self._swap_blocks_batch)
         with self._patched():
             self.worker = self.gw.CPUOffloadingWorker(base.CanonicalKVCaches(tensors=tensors, group_data_refs=refs),
-                                                      1, blocks)
+                                                      1, max(layout.total_prefix, 1))
         self.handler = self.worker._load_handler
-        self.host = [t.view(torch.float32) for t in self.handler.src_tensors]
+        self.cpu = list(self.handler.src_tensors)  # vLLM's CPU tensors, int8 [rows, page]
+        for i, (p, lid, _) in enumerate(self.parts):  # the harness's seeded data, so ground truth matches
+            a = pools.kv.layer_index[lid]
+            data = (host.k if p == Pool.K else host.v)[a]
+            self.cpu[i][: layout.total_prefix].copy_(data.reshape(layout.total_prefix, -1).view(torch.int8))
         self.gpu_spec, self.cpu_spec = base.GPULoadStoreSpec, common.CPULoadStoreSpec
-        # byte ranges of every tensor vLLM's descriptors point into: (base, row bytes, rows, layer, on the device)
-        self._ranges = [(t.data_ptr(), page_bytes, blocks, i, False) for i, t in enumerate(self.handler.src_tensors)]
-        self._ranges += [(c.data_ptr(), page_bytes, blocks, i, True) for i, c in enumerate(self.caches)]
+        # byte ranges of every tensor vLLM's descriptors point into: (base, rows, part, on the device)
+        self._ranges = [(t.data_ptr(), t.shape[0], i, False) for i, t in enumerate(self.cpu)]
+        self._ranges += [(t.data_ptr(), t.shape[0], i, True) for i, (_, _, t) in enumerate(self.parts)]
+        loaded = [r for r in layout.requests if len(r.prefix)]
+        self.gpu_blocks = [slot for r in loaded for slot in r.prefix]
+        self.cpu_blocks = [r.host_offset + i for r in loaded for i in range(len(r.prefix))]
         self.jobs = 0
+        self.op: LoadOp | None = None
+        self.end_event: Event | None = None  # the end event vLLM recorded for the last load op
+        self._paused: set[int] = set()
 
     @staticmethod
-    def _device_view(cache: torch.Tensor) -> torch.Tensor:
-        return cache if cache.is_cuda else cache.as_subclass(_DeviceMemory)
+    def _device_view(t: torch.Tensor) -> torch.Tensor:
+        return t if t.is_cuda else t.as_subclass(DeviceMemory)
 
     @contextlib.contextmanager
     def _patched(self) -> Iterator[None]:
@@ -132,84 +158,98 @@ class VllmOffloadLoad:
             m.torch, m.ops, m.current_platform, m.PIN_MEMORY, m.HAS_TRITON = saved
 
     def _where(self, ptr: int) -> tuple[int, int, bool]:
-        for base, row, rows, layer, on_dev in self._ranges:
-            if base <= ptr < base + row * rows:
-                if (ptr - base) % row:
+        """(part, row, on the device) of a descriptor's byte pointer."""
+        for start, rows, part, on_dev in self._ranges:
+            if start <= ptr < start + self.page * rows:
+                if (ptr - start) % self.page:
                     raise EngineContractBroken("vLLM's copy descriptor points inside a page")
-                return layer, (ptr - base) // row, on_dev
+                return part, (ptr - start) // self.page, on_dev
         raise EngineContractBroken("vLLM's copy descriptor points into memory the harness did not register")
 
+    # ---- the copy primitive ------------------------------------------------------------------
     def _swap_blocks_batch(self, src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor, *args: Any,
                            **kwargs: Any) -> None:
+        """vLLM's batched copy: each run of consecutive pages one copy, the fault where a layer begins."""
         triples = zip(src.tolist(), dst.tolist(), sizes.tolist(), strict=True)
         ops = [(self._where(s), self._where(d), n) for s, d, n in triples]
         i = 0
         while i < len(ops):
-            (sl, s0, s_dev), (dl, d0, d_dev), size = ops[i]
-            if sl != dl or s_dev or not d_dev or size != self.page * 4:
-                raise EngineContractBroken(f"vLLM's load copies layer {sl} to layer {dl} ({size} bytes)")
+            (sp, s0, s_dev), (dp, d0, d_dev), size = ops[i]
+            if sp != dp or s_dev or not d_dev or size != self.page:
+                raise EngineContractBroken(f"vLLM's load copies part {sp} to part {dp} ({size} bytes)")
             n = 1
-            while (i + n < len(ops) and ops[i + n][0] == (sl, s0 + n, False)
-                   and ops[i + n][1] == (dl, d0 + n, True)):
+            while (i + n < len(ops) and ops[i + n][0] == (sp, s0 + n, False)
+                   and ops[i + n][1] == (dp, d0 + n, True)):
                 n += 1
-            cache = _plain(self.caches[dl])
-            self.dev.copy_async(cache[d0 : d0 + n], self.host[sl][s0 : s0 + n], Region(Pool.K, dl, d0, d0 + n),
-                                Region(Pool.on_host("offload", Pool.K), sl, s0, s0 + n))
+            pool, lid, t = self.parts[dp]
+            self._begin(lid)
+            dst = plain(t)[d0 : d0 + n]
+            self.dev.copy_async(dst, self.cpu[sp][s0 : s0 + n].view(self.dtype).view(dst.shape),
+                                Region(pool, lid, d0, d0 + n), Region(Pool.on_host("offload", pool), lid, s0, s0 + n))
             self.copies += 1
             i += n
+            last = i == len(ops) or self.parts[ops[i][1][0]][1] != lid
+            if last and self.op is not None:  # the layer's copies are enqueued: its event, on vLLM's stream
+                self.op.event_set.complete(lid)
+                for listener in self.op.listeners:
+                    listener(lid)
 
-    def submit_load(self, gpu_blocks: list[int], cpu_blocks: list[int]) -> Event:
-        """vLLM's load of `cpu_blocks` into `gpu_blocks`, with the current stream as the compute
-        stream; the end event vLLM recorded."""
-        spec_dst = self.gpu_spec(gpu_blocks, group_sizes=[len(gpu_blocks)], block_indices=[0])
-        with self._patched():
-            self.worker.get_finished()
-            self.jobs += 1
-            if not self.worker.submit_load(self.jobs, self.cpu_spec(cpu_blocks), spec_dst):
-                raise EngineContractBroken("vLLM's offloading worker refused a load")
-        end: Event = self.handler._transfers[-1].end_event
-        return end
+    def _begin(self, layer: int) -> None:
+        op = self.op
+        if op is None:
+            raise EngineContractBroken("vLLM's load copied outside a load op the harness started")
+        op.hold()
+        if layer not in self._paused:
+            self._paused.add(layer)
+            op.pause(layer)
+
+    # ---- a load op ---------------------------------------------------------------------------
+    def start(self, fault: FaultPlan, gate: Gate | None, listeners: Sequence[LayerListener]) -> LoadOp:
+        """vLLM's load of the batch's prefixes, with the current (forward) stream as the compute stream."""
+        op = LoadOp(self.dev, self.stream, None, [], fault, -1, self.layout, gate, listeners)
+        op.index = self.counter.update_producer()
+        op.attach_events(self.counter.events[op.index])
+        op.start_event.record()  # on the scheduling stream, as the harness's own load op records it
+        self.op, self._paused = op, set()
+        spec_dst = self.gpu_spec(self.gpu_blocks, group_sizes=[len(self.gpu_blocks)], block_indices=[0])
+        try:
+            with self._patched():
+                self.worker.get_finished()  # the host's poll: finished transfers give their streams back
+                self.jobs += 1
+                if not self.worker.submit_load(self.jobs, self.cpu_spec(self.cpu_blocks), spec_dst):
+                    raise EngineContractBroken("vLLM's offloading worker refused a load")
+        finally:
+            self.op = None
+        self.end_event = self.handler._transfers[-1].end_event
+        return op
 
 
-def zero_then_load(dev: Device, fault: str = "gate", waits_on_compute: bool = True, delay_us: float = 1000.0,
-                   layers: int = 2, blocks: int = 8) -> LoadVerdict:
-    """One replay of the hazard (see the module's text); `fault` is "gate", "delay" or "none"."""
-    o = VllmOffloadLoad(dev, layers, blocks)
-    o.waits_on_compute = waits_on_compute
-    gpu_blocks = list(range(2, blocks))  # freshly allocated, zeroed by the compute stream
-    cpu_blocks = list(range(len(gpu_blocks)))
-    truth = []
-    for i, h in enumerate(o.host):
-        h.copy_(torch.arange(h.numel(), dtype=torch.float32).view_as(h) + 1000.0 * (i + 1))
-        truth.append(h[cpu_blocks].clone())
-    regions = [Region(Pool.K, lid, gpu_blocks[0], gpu_blocks[-1] + 1) for lid in range(layers)]
-    seen = [torch.empty_like(t) for t in truth]
-    forward = dev.Stream("forward")
-    gate = dev.gate(5.0) if fault == "gate" else None
-    caches = [_plain(c) for c in o.caches]
-    rows = slice(gpu_blocks[0], gpu_blocks[-1] + 1)
+def end_fence(ctx: Any) -> None:
+    """The forward stream waits on the end event vLLM recorded for the batch's load (vLLM's
+    scheduler runs the request once its load is reported finished)."""
+    load = current()
+    if load.end_event is None:
+        raise EngineContractBroken("fence vllm_offload_end ran with no vLLM offloading load pending")
+    load.end_event.wait(ctx.forward)
 
-    def zero() -> None:
-        for c in caches:
-            c[rows].zero_()
 
-    def read() -> None:
-        for s, c in zip(seen, caches, strict=True):
-            s.copy_(c[rows])
+_current: VllmOffloadLoad | None = None
 
-    with dev.tracing() as trace:
-        with dev.stream(forward):
-            if gate is not None:
-                gate.hold()
-            elif fault == "delay":
-                dev.delay(delay_us)
-            dev.launch(zero, writes=regions, what="zero the freshly allocated blocks")
-            end = o.submit_load(gpu_blocks, cpu_blocks)
-            end.wait(forward)  # the request is scheduled once the load has finished
-            dev.launch(read, reads=regions, what="forward reads the loaded KV")
-        if gate is not None:
-            dev.host_wait(end, 0.05)  # the load lands first where nothing orders it after the zeroing
-            gate.release()
-        dev.synchronize()
-    stale = sum(int((s != t).any(dim=1).sum()) for s, t in zip(seen, truth, strict=True))
-    return LoadVerdict(stale, [f for f in find_races(trace) if f.copy_region.pool == Pool.K], o.copies)
+
+def current() -> VllmOffloadLoad:
+    if _current is None:
+        raise EngineContractBroken("fence vllm_offload_end runs with vLLM's offloading load (hazard "
+                                   "load_before_zeroing, engine = \"vllm\")")
+    return _current
+
+
+def make(engine: Any, dev: Device, layout: Layout, pools: Any, host: HostPool, policy: TransferPolicy
+         ) -> VllmOffloadLoad:
+    """This scenario's offloading load (the fence's way to it: one scenario runs at a time)."""
+    global _current
+    if not isinstance(pools, VllmPools):
+        raise EngineContractBroken(f"vLLM's offloading worker loads into vLLM's KV caches, not {type(pools).__name__}")
+    if layout.shape.mamba_layers:
+        raise EngineContractBroken("vLLM's offloading load here moves attention KV only; the model has Mamba layers")
+    _current = VllmOffloadLoad(engine, dev, layout, pools, host, policy)
+    return _current

@@ -11,16 +11,28 @@ the connector's `wait_for_layer_load(layer_name)`, then the function body reads 
 (`get_attention_context`: the layer's metadata, the layer, its KV cache) and calls the layer's
 `impl.forward`, which is the harness's attention step (accessors, then the kernel's launch), then the
 decorator calls `save_kv_layer(layer_name, kv_cache, attn_metadata)`. Stand-ins, the smallest that
-code path reads: the attention layer (`kv_cache`, `impl`) registered in the config's
-`static_forward_context` as vLLM's `Attention.__init__` registers itself, and per-layer attention
-metadata (the new tokens' slots); query, key and value are the harness's static buffers, which the
-harness's kernel reads itself.
+code path reads: the attention layer, an instance of vLLM's own `Attention` class made without its
+`__init__` (which builds a backend from a model's config), holding `kv_cache`, `impl` and its
+backend (so `get_layers_from_vllm_config`, through which a connector finds each layer's backend,
+finds it), registered in the config's `static_forward_context` as `Attention.__init__` registers
+itself, and per-layer attention metadata (the new tokens' slots); query, key and value are the
+harness's static buffers, which the harness's kernel reads itself.
+
+The layers' backend (`layout_backend`) is a subclass of vLLM's own `AttentionBackend` whose
+`get_kv_cache_shape` is FlashAttention's, `(2, num_blocks, block_size, num_kv_heads, head_size)`
+(vLLM's FlashAttention backend itself reads a VllmConfig for its stride order, which the base
+class leaves to the identity). The caches a connector is handed (`registered`) are in that shape,
+as vLLM's model runner registers them: each layer's tensor viewed as `[2, slots, 1, kv_heads,
+head_dim]` (a block of one slot) and, on the simulator, typed as device memory (`is_cuda`, which
+vLLM's offloading handlers test for the copy's direction).
 
 While the accessor policy is the engine's own (`per_layer`) the connector's `wait_for_layer_load` is
 the only wait; any other policy (`none`, a plugin, a fence's own added wait) runs on the harness's
 side with vLLM's hooks off (the kernel called bare, as vLLM calls it with no connector), so the
-connector cannot mask a mutant. A model with Mamba layers is refused: vLLM's connector hooks wrap
-attention layers only.
+connector cannot mask a mutant. With no connector configured (no VllmConfig bound: the offloading
+worker's own load, `harness.engines.vllm_offload_load`), the kernel runs bare, as vLLM runs it with no
+KV transfer group. A model with Mamba layers is refused: vLLM's connector hooks wrap attention layers
+only.
 """
 
 from __future__ import annotations
@@ -65,13 +77,52 @@ class _Impl:
         return query
 
 
-class _AttentionLayer:
-    """What vLLM's forward context holds for an attention layer: its KV cache per virtual engine and
-    its backend's `impl`."""
+class DeviceMemory(torch.Tensor):
+    """The simulator's device memory as vLLM tests it (`tensor.is_cuda`)."""
 
-    def __init__(self, cache: torch.Tensor):
-        self.kv_cache = [cache]
-        self.impl = _Impl()
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """The tensor itself, not typed as device memory (the copies' payload)."""
+    return t.as_subclass(torch.Tensor) if isinstance(t, DeviceMemory) else t
+
+
+def device_view(cache: torch.Tensor) -> torch.Tensor:
+    """A layer's `[2, slots, kv_heads, head_dim]` cache as `[2, blocks, 1, kv_heads, head_dim]` (vLLM's
+    K/V-split layout, a block of one slot), typed as device memory on the simulator."""
+    view = cache.unsqueeze(2)
+    return view if view.is_cuda else view.as_subclass(DeviceMemory)
+
+
+_backends: dict[type, type] = {}
+
+
+def layout_backend(engine: Any) -> type:
+    """The caches' attention backend: vLLM's `AttentionBackend` with FlashAttention's cache shape
+    (one class per release's base class)."""
+    base = engine.module(ATTENTION).AttentionBackend
+    if base not in _backends:
+        def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+                               *args: Any, **kwargs: Any) -> tuple[int, ...]:
+            return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+        _backends[base] = type("HarnessKVLayout", (base,), {"get_kv_cache_shape": staticmethod(get_kv_cache_shape)})
+    return _backends[base]
+
+
+def attention_layer(engine: Any, cache: torch.Tensor) -> Any:
+    """What vLLM's forward context holds for an attention layer: an instance of vLLM's `Attention`
+    holding its KV cache per virtual engine, its backend's `impl` and the backend."""
+    cls = engine.module(ATTENTION).Attention
+    layer = cls.__new__(cls)
+    torch.nn.Module.__init__(layer)  # the module's own state; the rest of Attention.__init__ needs a model
+    layer.kv_cache = [cache]
+    layer.impl = _Impl()
+    layer.attn_backend = layout_backend(engine)
+    return layer
 
 
 class VllmPools(HybridPool):
@@ -89,7 +140,11 @@ class VllmPools(HybridPool):
         caches = [self.caches[self.names[lid]] for lid in s.attention_layers]
         self.kv.k = LayerTensors([c[0] for c in caches])
         self.kv.v = LayerTensors([c[1] for c in caches])
-        self.layers = {name: _AttentionLayer(cache) for name, cache in self.caches.items()}
+        # vLLM's attention layers, made once a connector's VllmConfig is bound (`bind`): vLLM's
+        # Attention class is the connector contract's, which the offloading worker's parts do not need.
+        self.layers: dict[str, Any] = {}
+        # What a connector is handed (`register_kv_caches`): each cache in the backend's shape.
+        self.registered = {name: device_view(cache) for name, cache in self.caches.items()}
         slots = torch.tensor([slot for r in layout.requests for slot in r.new], dtype=torch.long)
         self.slot_mapping = {name: slots for name in self.names.values()}
         self.attn_metadata = {name: SimpleNamespace(slot_mapping=slots, num_actual_tokens=len(slots))
@@ -104,6 +159,8 @@ class VllmPools(HybridPool):
     def bind(self, config: Any) -> None:
         """The VllmConfig of this scenario's connector: its forward context holds the layers."""
         self.config = config
+        if not self.layers:
+            self.layers = {name: attention_layer(self.engine, cache) for name, cache in self.caches.items()}
         config.compilation_config.static_forward_context.update(self.layers)
 
     def forward_context(self) -> Any:
@@ -134,7 +191,9 @@ class VllmPools(HybridPool):
 
     # ---- one attention layer ---------------------------------------------------------------
     def attention(self, layer_id: int, body: Callable[[], None]) -> None:
-        if not self.hooks:
+        # No connector configured (the offloading worker's scenarios: no VllmConfig is bound): the kernel
+        # bare, as vLLM calls it with no KV transfer group.
+        if not self.hooks or self.config is None:
             body()
             return
         name = self.names[layer_id]

@@ -14,6 +14,17 @@ is stale in every replay), through vLLM's own `unified_attention`:
    declaration costs a piecewise graph for nothing (a note, exit 0); a race there means the
    declaration is what keeps it correct (exit 0).
 
+A connector that is not the harness's (vLLM's own `OffloadingConnector`, a user's) runs with what a
+real engine gives it (`harness.engines.vllm_scheduler`: the model's KVCacheConfig, its scheduler side
+building its metadata, the batch's prefixes offloaded by earlier requests, vLLM's offloading handlers
+on the harness's device) and with vLLM's scheduler deciding when each forward runs: where its scheduler
+side answers that a load is asynchronous, the forward waits until its worker reports the load. Such a
+connector, clean under FULL with asynchronous loads, is run once more with each forward in its load's
+own step: a race there says its hooks do not order a pending load, and that the ordering is the
+scheduler's. Findings of its load's copies against the forward stream's earlier writes to the same
+blocks (the harness's poisoning) are reported as a note: they say what orders the load's start, not
+whether the graph waits for it.
+
 `--release VERSION` runs the check on `.engines/vllm-VERSION` (installed there as `engine-matrix`
 installs it) in its own process. Bad input (no such module or class, not a V1 connector, vLLM not
 importable) is one line, exit 2.
@@ -82,20 +93,29 @@ class Run:
     findings: int
     graph_findings: int
     error: str | None
+    # Findings of the load's copies against writes the forward stream enqueued to the same slots before
+    # the load (the harness's poisoning, standing for a zeroing or an earlier owner's writes): they say
+    # what orders the load's start, not whether the graph's reads wait for it.
+    before_load: int = 0
+    # Where vLLM's scheduler steps ran the connector (one that is not the harness's): the connector's
+    # load_kv_async per request, and the worker's get_finished polls before the forwards that waited.
+    asynchronous: tuple[bool, ...] = ()
+    polls: int = 0
 
     @property
     def race(self) -> bool:
-        return bool(self.stale or self.findings or self.graph_findings)
+        return bool(self.stale or self.findings - self.before_load or self.graph_findings)
 
     def line(self) -> str:
         if self.error:
             return f"error: {self.error}"
-        return (f"stale {self.stale}/{self.replays} replays, {self.findings} findings, graph check "
-                f"{self.graph_findings} findings")
+        return (f"stale {self.stale}/{self.replays} replays, {self.findings - self.before_load} findings, graph "
+                f"check {self.graph_findings} findings")
 
 
 def _run(fence: str, replays: int, dev: Any) -> Run:
     from harness.input.scenario_file import SCENARIO_DIR, load_file
+    from harness.records.races import RaceKind
     from harness.run.pipeline import run_scenario
 
     template = next(s for s in load_file(SCENARIO_DIR / "engine" / "vllm.toml") if s.name == TEMPLATE)
@@ -104,10 +124,24 @@ def _run(fence: str, replays: int, dev: Any) -> Run:
     r = run_scenario(s, dev, replays=replays)
     from harness.engines import vllm_load
 
-    mode = vllm_load.current().mode if vllm_load._current is not None else "?"
+    load = vllm_load._current
+    mode = load.mode if load is not None else "?"
     graph = len(r.graph.findings) if r.graph is not None else 0
-    return Run(mode, "full" if fence == "vllm_check_full" or mode == "FULL" else "breakable", r.tally.stale_replays,
-               r.tally.replays, len(r.findings), graph, r.error)
+    before = sum(f.kind is RaceKind.WRITE_AFTER_WRITE and f.access_first for f in r.findings)
+    decisions = load.scheduler.decisions if load is not None and load.scheduler is not None else None
+    return Run(mode, "full" if fence.startswith("vllm_check_full") or mode == "FULL" else "breakable",
+               r.tally.stale_replays, r.tally.replays, len(r.findings), graph, r.error, before,
+               tuple(decisions.asynchronous) if decisions else (), decisions.polls if decisions else 0)
+
+
+def _declares(cls: type, extra: dict[str, Any], base: type) -> str:
+    """What the connector declares, and whether it says it itself or keeps the base class's answer."""
+    if not hasattr(cls, "requires_piecewise_for_cudagraph"):
+        return "declares nothing (this release has no requires_piecewise_for_cudagraph)"
+    said = bool(cls.requires_piecewise_for_cudagraph(extra))
+    own = any("requires_piecewise_for_cudagraph" in vars(c) for c in cls.__mro__[:-1] if c is not base
+              and issubclass(c, base))
+    return f"declares requires_piecewise_for_cudagraph {said}" + ("" if own else " (the base class's answer)")
 
 
 def cmd_connector_check(args: argparse.Namespace) -> int:
@@ -129,19 +163,19 @@ def cmd_connector_check(args: argparse.Namespace) -> int:
     engine = adapter.load()
     declares = bool(cls.requires_piecewise_for_cudagraph(extra)) if hasattr(cls, "requires_piecewise_for_cudagraph") \
         else None
+    said = _declares(cls, extra, engine.module(adapter.CONNECTOR).KVConnectorBase_V1)
     dev = open_device(args.device, args.sim_costs)
     vllm_graphs.checking(cls, extra)
     try:
         first = _run("vllm_check", args.replays, dev)
         name = cls.__name__
-        said = "declares nothing (this release has no requires_piecewise_for_cudagraph)" if declares is None \
-            else f"declares requires_piecewise_for_cudagraph {declares}"
         print(f"{name} ({cls.__module__}) on vllm {engine.version}: {said}; vLLM settled on {first.mode}")
         print(f"  {first.mode} ({first.backend}): {first.line()}")
         if first.error:
             print(f"fence-harness: connector-check: {name} did not run on the harness's device: {first.error}",
                   file=sys.stderr)
             return 2
+        _loads(first)
         if first.race:
             print(f"race: {name}'s waits do not order the graph's reads after its loads under {first.mode}"
                   + (" (this release does not read the declaration)" if declares and first.mode == "FULL" else ""))
@@ -158,10 +192,36 @@ def cmd_connector_check(args: argparse.Namespace) -> int:
                 return 0
             print(f"honest: {name} needs PIECEWISE (a FULL graph races) and declares it")
             return 0
+        if first.asynchronous and all(first.asynchronous):
+            same = _run("vllm_check_full_same_step", args.replays, dev)
+            print(f"  FULL, each forward in its load's own step: {same.line()}")
+            if same.error:
+                print(f"fence-harness: connector-check: that run ended in an error: {same.error}", file=sys.stderr)
+                return 2
+            hooks = ("its hooks do not order a pending load (in the load's own step, FULL races)" if same.race
+                     else "its hooks order a FULL graph's reads too")
+            print(f"honest: {name}'s loads are asynchronous: vLLM's scheduler runs a request's forward only once "
+                  f"the worker's get_finished reported its load, so a FULL graph never reads a pending load; {hooks}")
+            return 0
         print(f"honest: {name}'s waits order the FULL graph's reads after its loads")
         return 0
     finally:
         vllm_graphs.checking(None)
+
+
+def _loads(run: Run) -> None:
+    """What vLLM's scheduler saw of a connector that is not the harness's, and what its loads are
+    ordered after."""
+    if run.asynchronous:
+        n, k = len(run.asynchronous), sum(run.asynchronous)
+        how = (f"asynchronous (get_num_new_matched_tokens: load_kv_async for {k} of {n} requests): each forward "
+               f"ran after the worker's get_finished reported its requests loaded ({run.polls} polls)") if k else \
+            f"synchronous (load_kv_async for none of {n} requests): each forward ran in its load's own step"
+        print(f"  its loads: {how}")
+    if run.before_load:
+        print(f"  note: its loads are not ordered after the forward stream's earlier writes to their blocks "
+              f"({run.before_load} write-after-write findings against the harness's poisoning, which stands for a "
+              "zeroing or an earlier owner's writes: vllm-project/vllm#50696's class)")
 
 
 def _in_release(args: argparse.Namespace) -> int:

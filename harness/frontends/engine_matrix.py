@@ -45,7 +45,11 @@ GPU_FILES = (ROOT / "scenarios" / "engine" / "serving.toml",)
 @dataclass(frozen=True)
 class EngineReleases:
     """One engine's part of the matrix: its releases, scenario files, and where each release's own
-    results go under --out (`results` is the folder of the engine's merged results.json)."""
+    results go under --out (`results` is the folder of the engine's merged results.json).
+
+    `file_releases`: a default file's name -> the releases it drives (a PEP 440 specifier), where
+    the code it drives is only in some releases; a release runs the default files whose range holds
+    it (files given on the command line run on every release)."""
 
     name: str
     releases: tuple[str, ...]
@@ -53,18 +57,37 @@ class EngineReleases:
     gpu_files: tuple[Path, ...]
     out_prefix: str  # a release's folder under --out: PREFIX + VERSION
     results: str  # the merged results.json's folder under --out ("" : --out itself)
+    file_releases: tuple[tuple[str, str], ...] = ()
+
+    def files_for(self, version: str, files: list[Path]) -> list[Path]:
+        """The default files `version` runs (files not among the defaults run as they are)."""
+        from packaging.specifiers import SpecifierSet
+
+        ranges = dict(self.file_releases)
+        return [f for f in files if f.name not in ranges or version in SpecifierSet(ranges[f.name])]
 
 
 # vLLM: 0.13.0, before vllm-project/vllm#31341 (the offloading store's wait on the compute stream, first
-# in 0.14.0; scenarios/engine/vllm_offload.toml), and the releases on either side of #31057
+# in 0.14.0; scenarios/engine/vllm_offload.toml), the releases on either side of #31057
 # (requires_piecewise_for_cudagraph and VllmConfig's downgrade of FULL to PIECEWISE for it: first in
-# 0.17.0; vllm.toml).
+# 0.17.0; vllm.toml), those on either side of #46278 (SimpleCPUOffloadConnector's store ordered after
+# the compute stream and read in stream order, first in 0.24.0; the connector is in 0.19.0 on;
+# vllm_simple_offload.toml) and of #50696 (the offloading load's wait on the compute stream, first in
+# 0.28.0; vllm_offload_load.toml). The connector contract and the store's handlers
+# (kv_offload/worker/cpu_gpu.py) are driven on the releases the adapter was built against (0.13.0-0.17.0;
+# 0.23.0 on keep unified_attention elsewhere); SimpleCPUOffloadConnector's worker from 0.19.0; the
+# offloading load's worker (kv_offload/cpu/gpu_worker.py) from 0.27.0.
 MATRIX = {
     "sglang": EngineReleases("sglang", RELEASES, FILES, GPU_FILES, "", ""),
-    "vllm": EngineReleases("vllm", ("0.13.0", "0.16.0", "0.17.0"),
+    "vllm": EngineReleases("vllm", ("0.13.0", "0.16.0", "0.17.0", "0.23.0", "0.24.0", "0.27.0", "0.28.0"),
                            (ROOT / "scenarios" / "engine" / "vllm.toml",
-                            ROOT / "scenarios" / "engine" / "vllm_offload.toml"),
-                           (ROOT / "scenarios" / "engine" / "vllm_serving.toml",), "vllm-", "vllm"),
+                            ROOT / "scenarios" / "engine" / "vllm_offload.toml",
+                            ROOT / "scenarios" / "engine" / "vllm_simple_offload.toml",
+                            ROOT / "scenarios" / "engine" / "vllm_offload_load.toml"),
+                           (ROOT / "scenarios" / "engine" / "vllm_serving.toml",), "vllm-", "vllm",
+                           (("vllm.toml", "<0.18.0"), ("vllm_offload.toml", "<0.18.0"),
+                            ("vllm_serving.toml", "<0.18.0"),
+                            ("vllm_simple_offload.toml", ">=0.19.0"), ("vllm_offload_load.toml", ">=0.27.0"))),
 }
 # --small: the model dimensions the CPU computes in seconds (the layer pattern, batch and
 # fault are the scenario's own).
@@ -75,8 +98,10 @@ def add_command(subparsers) -> None:
     p = subparsers.add_parser("engine-matrix", help="the engine scenarios on each release, one process each")
     p.add_argument("files", nargs="*", type=Path,
                    help="scenario files (default: scenarios/engine/sglang.toml, sglang_cow.toml and "
-                        "sglang_host_hit.toml, on a GPU also serving.toml; with --engine vllm: vllm.toml and "
-                        "vllm_offload.toml, on a GPU also vllm_serving.toml)")
+                        "sglang_host_hit.toml, on a GPU also serving.toml; with --engine vllm: "
+                        "scenarios/engine/vllm.toml and vllm_offload.toml up to 0.17.0 (on a GPU also "
+                        "vllm_serving.toml), vllm_simple_offload.toml from 0.19.0, vllm_offload_load.toml "
+                        "from 0.27.0)")
     p.add_argument("--engine", choices=sorted(MATRIX), default="sglang",
                    help="whose releases (default: %(default)s)")
     p.add_argument("--releases", default=None,
@@ -89,6 +114,8 @@ def add_command(subparsers) -> None:
                    help="shrink the models' dimensions so the CPU computes them (default: on the simulator)")
     device_arguments(p)
     out_argument(p, "reports/engine-matrix", "results.json and each release's own folder")
+    p.add_argument("--install-only", action="store_true",
+                   help="install each release into its folder (as a run would) and stop")
     # How each release's own process runs: FILES here, on the sglang this process imports.
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
 
@@ -119,18 +146,62 @@ def release_dir(engines_dir: Path, version: str, engine: str = "sglang") -> Path
 
 
 def install(version: str, engines_dir: Path, engine: str = "sglang") -> Path:
-    """The release's own folder, installed with --no-deps unless it is already there."""
+    """The release's own folder, installed with --no-deps unless it is already there; a vLLM release
+    with its own Transformers where it needs another than the .[vllm] extra's (`own_transformers`)."""
     target = release_dir(engines_dir, version, engine)
-    if (target / engine / "__init__.py").is_file():
-        return target
-    print(f"installing {engine} {version} into {target}", flush=True)
+    if not (target / engine / "__init__.py").is_file():
+        print(f"installing {engine} {version} into {target}", flush=True)
+        _pip(target, [f"{engine}=={version}"], version)
+    if engine == "vllm":
+        own_transformers(target, version)
+    return target
+
+
+# Transformers 5 and what it imports beyond the .[vllm] extra (huggingface_hub 1 imports httpx), pinned as
+# CI runs them: vLLM 0.24.0 on refuses Transformers 4 when vllm.config is imported, and the extra pins 4
+# for 0.13.0-0.23.0.
+TRANSFORMERS5 = ("transformers==5.19.0", "tokenizers==0.23.2", "huggingface_hub==1.33.0", "httpx==0.29.0",
+                 "httpcore==1.0.9")
+
+
+def own_transformers(target: Path, version: str) -> None:
+    """Put TRANSFORMERS5 in a release's folder (ahead of the environment's on its PYTHONPATH) where the
+    release's metadata asks for a Transformers this environment's does not meet and the folder has none."""
+    import importlib.metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    if (target / "transformers" / "__init__.py").is_file():
+        return
+    needed = None
+    for meta in target.glob("*.dist-info/METADATA"):
+        for line in meta.read_text(errors="replace").splitlines():
+            if not line.startswith("Requires-Dist:"):
+                continue
+            try:
+                req = Requirement(line.partition(":")[2].strip())
+            except InvalidRequirement:
+                continue
+            if req.name.lower() == "transformers" and req.marker is None:
+                needed = req.specifier
+    try:
+        have = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return  # nothing here to stand in the way of whatever the release finds
+    if needed is None or needed.contains(have, prereleases=True):
+        return
+    print(f"installing {', '.join(TRANSFORMERS5)} into {target} (the release asks for transformers {needed}; "
+          f"this environment has {have})", flush=True)
+    _pip(target, list(TRANSFORMERS5), version)
+
+
+def _pip(target: Path, packages: list[str], version: str) -> None:
     done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                           f"{engine}=={version}"], check=False)
+                           *packages], check=False)
     if done.returncode != 0:
         from harness.records.errors import InputError
 
-        raise InputError("--releases", version, f"pip could not install {engine}=={version} into {target}")
-    return target
+        raise InputError("--releases", version, f"pip could not install {' '.join(packages)} into {target}")
 
 
 def _child_env(target: Path) -> dict[str, str]:
@@ -155,6 +226,10 @@ def cmd_engine_matrix(args: argparse.Namespace) -> int:
                   "compute times)", flush=True)
     small = args.small if args.small is not None else kind == "sim"
     releases = [r.strip() for r in (args.releases or ",".join(part.releases)).split(",") if r.strip()]
+    if args.install_only:
+        for version in releases:
+            install(version, args.engines_dir, part.name)
+        return 0
     started = time.time()
     docs: dict[str, dict] = {}
     codes: dict[str, int] = {}
@@ -164,7 +239,7 @@ def cmd_engine_matrix(args: argparse.Namespace) -> int:
         cmd = [sys.executable, "-m", "harness", "engine-matrix", "--in-process", "--out", str(out),
                "--device", args.device, "--timeout", str(args.timeout), *[f"--sim-cost={c}" for c in args.sim_costs],
                *(["--replays", str(args.replays)] if args.replays else []), *(["--small"] if small else []),
-               *map(str, files)]
+               *map(str, files if args.files else part.files_for(version, files))]
         print(f"== {part.name} {version} ({target})", flush=True)
         codes[version] = subprocess.run(cmd, env=_child_env(target), check=False).returncode
         path = out / "results.json"

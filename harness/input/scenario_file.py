@@ -365,6 +365,16 @@ def _engine(value: Any, key: str) -> str:
     return value
 
 
+def _connector(value: Any, key: str) -> str:
+    from harness.engines.vllm import WRITEBACK_CONNECTORS
+
+    names = list(WRITEBACK_CONNECTORS)
+    _string(value, key, f"a vLLM connector, one of: {', '.join(names)}")
+    if value not in names:
+        raise _Invalid(key, f"unknown connector {value!r}; valid: {', '.join(names)}{_did_you_mean(value, names)}")
+    return value
+
+
 def _release_expectations(value: Any, key: str) -> ReleaseExpectations:
     table = _table(value, key)
     for spec, v in table.items():
@@ -450,6 +460,7 @@ _SCENARIO_FIELDS: dict[str, Callable[..., Any]] = {
     "pace": _enum(Pace),
     "engine": lambda value, key: _engine(value, key),
     "transfer": _transfer,
+    "connector": lambda value, key: _connector(value, key),
     "fault": _fault,
     "expect": _enum(Expect),
     "expect_by_release": _release_expectations,
@@ -564,6 +575,17 @@ def _scenario(
             raise _Invalid(f"{prefix}.transfer",
                            f"transfer names the write-back / staging path, which hazard {hazard.value!r} does "
                            f"not run; it needs hazard = one of: {users}")
+        if HAZARDS[hazard].loads_offloaded and values["transfer"] != "engine" and values.get("engine") is None:
+            raise _Invalid(f"{prefix}.transfer",
+                           f"transfer {values['transfer']!r} of hazard {hazard.value!r} acts on an engine's offloading "
+                           'load; it needs engine = "vllm"')
+    if values.get("connector") is not None:
+        from harness.protocol.hazards import HAZARDS
+
+        if values.get("engine") != "vllm" or not HAZARDS[values.get("hazard", Hazard.RAW)].backs_up:
+            users = ", ".join(h.value for h in Hazard if HAZARDS[h].backs_up)
+            raise _Invalid(f"{prefix}.connector", 'connector names the vLLM worker that stores: it needs engine = '
+                           f'"vllm" and hazard = one of: {users}')
     tp_keys.check_tp(values, prefix)
     return Scenario(**values, source=source)
 

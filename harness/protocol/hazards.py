@@ -46,6 +46,13 @@ SGLang HiCache classes since 0.5.23 (each also names a transfer path):
   layer's loaded slot at once (`before_forward`); ordered by one layer's event, it
   reads the later layers half loaded.
 
+vLLM's offloading load (vllm-project/vllm#50696):
+
+- load before zeroing: the engine zeroes the blocks a request was just allocated on the
+  forward stream, before the load of its offloaded prefix into them; a load not ordered
+  after the forward stream lands first and is wiped. The gate holds the forward stream
+  before the zeroing, so an unordered load lands first.
+
 A hazard's ground truth runs the engine's transfer path (`truth`): the truth must
 not depend on the variant under test.
 """
@@ -129,6 +136,12 @@ class HazardStrategy:
     # replayed as a graph (the replay loop's poisoning is).
     prepares_on_device = True
     copies_slots = False  # it copies whole Mamba slots into the probe arena (`HazardBed.cow`)
+    # A gate fault holds the forward stream before the slots' preparation (`prepare`: work the compute
+    # stream has pending before the load op), and the harness opens it once the load op has landed.
+    holds_compute = False
+    # The batch's load op is the engine's offloading load (an offloaded prefix loaded back into freshly
+    # allocated blocks: the adapter's `offload_loader`, with the scenario's transfer), where it has one.
+    loads_offloaded = False
 
     def setup(self, bed: HazardBed) -> None:
         """Once per scenario, before anything runs."""
@@ -399,6 +412,41 @@ class MambaCopyOnWrite(HazardStrategy):
         bed.dev.launch(self.copy, reads=self.reads, what="deferred Mamba copy-on-write")
 
 
+class LoadBeforeZeroing(HazardStrategy):
+    """Write-after-write on freshly allocated blocks (vllm-project/vllm#50696): the engine zeroes the
+    blocks a request was just allocated (vLLM's `needs_kv_cache_zeroing`, any model with Mamba layers)
+    on the forward stream, then loads the request's offloaded prefix into them; a load that is not
+    ordered after the forward stream can land first, the zeroing behind it wipes it, and the forward
+    reads zeros.
+
+    The slots the load writes are poisoned, then zeroed (one kernel writing them: the engine's
+    zeroing), both on the forward stream before the load op. The gate holds the forward stream before
+    them (`holds_compute`), so an unordered load lands first; the harness opens it once the load has
+    landed, or after `hold_us` where the load waits for the forward stream. The load is the engine's
+    offloading load where the adapter has one (vLLM's CPU offloading worker; transfer `no_load_fence`
+    removes its wait on the forward stream), else the harness's own load op, whose start event,
+    recorded on the forward stream, orders it after the zeroing (schedule `no_start_wait` does not)."""
+
+    holds_compute = True
+    loads_offloaded = True
+    uses_transfer = True
+
+    def setup(self, bed: HazardBed) -> None:
+        self.written = tuple(r for r in bed.targets if r.pool in (Pool.K, Pool.V))  # the KV blocks vLLM zeroes
+        layout, pool = bed.layout, bed.pool
+
+        def zero() -> None:
+            for r in layout.requests:
+                pool.kv.k[:, r.prefix.start : r.prefix.stop].fill_(0.0)
+                pool.kv.v[:, r.prefix.start : r.prefix.stop].fill_(0.0)
+
+        self.zero = zero
+
+    def prepare(self, bed: HazardBed) -> None:
+        poison(bed)
+        bed.dev.launch(self.zero, writes=self.written, what="zero the freshly allocated blocks")
+
+
 class StagingOverwrite(HazardStrategy):
     """Staging overwrite: a pinned staging buffer is refilled while its host-to-device copy is still
     pending.
@@ -440,6 +488,7 @@ HAZARDS: dict[Hazard, type[HazardStrategy]] = {
     Hazard.FORWARD_OVER_BACKUP: ForwardOverBackup,
     Hazard.RELOAD: ReloadBeforeWrite,
     Hazard.COW: MambaCopyOnWrite,
+    Hazard.ZEROING: LoadBeforeZeroing,
 }
 
 

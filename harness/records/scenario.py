@@ -59,6 +59,8 @@ class Hazard(NamedEnum):
     RELOAD = "reload_before_write"
     # A deferred Mamba copy-on-write reads a whole slot while it is loaded layer by layer (#36743)
     COW = "mamba_cow"
+    # The load into freshly allocated blocks lands before the compute stream's zeroing of them (vllm#50696)
+    ZEROING = "load_before_zeroing"
 
 
 class Pace(NamedEnum):
@@ -269,6 +271,9 @@ class Scenario:
     # The write-back / staging path for the hazards that use one (harness.protocol.writeback):
     # "engine" or a variant with one defect; None: the engine's.
     transfer: str | None = None
+    # With engine = "vllm" and a hazard that backs up: the vLLM connector whose offloading worker
+    # stores (`harness.engines.vllm.WRITEBACK_CONNECTORS`); None: OffloadingConnector's.
+    connector: str | None = None
     fault: Fault = field(default_factory=Fault)
     # For expect = race: the evidence the race must show (None: any). "data" is for a
     # scenario meant to show the data going wrong, not only the missing ordering.
@@ -313,6 +318,7 @@ class Scenario:
                 ("hazard", self.hazard.value, "raw"),
                 ("engine", self.engine, None),
                 ("transfer", self.transfer, None),
+                ("connector", self.connector, None),
                 ("tp", self.tp, 1),
                 ("fault_ranks", _ranks_text(self.fault_ranks), None),
                 ("fence_ranks", _ranks_text(self.fence_ranks), None),

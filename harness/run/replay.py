@@ -154,17 +154,22 @@ class _Gating:
         self.tb, self.gate = tb, gate
         self.on_forward = tb.hazard.holds_forward
         self.on_hazard = tb.hazard.holds_own
+        self.on_compute = tb.hazard.holds_compute
         self.hold_s = tb.scenario.fault.hold_us * 1e-6
 
     @property
     def on_load(self) -> Gate | None:
         """The gate a load op's schedule holds (`LoadOp.hold`), or None."""
-        return None if self.on_forward or self.on_hazard else self.gate
+        return None if self.on_forward or self.on_hazard or self.on_compute else self.gate
 
     @property
     def for_hazard(self) -> Gate | None:
         """The gate a hazard holds on a stream of its own (the write-back's), or None."""
         return self.gate if self.on_hazard else None
+
+    def before_prepare(self) -> None:
+        if self.on_compute:
+            self.gate.hold()
 
     def before_forward(self) -> None:
         if self.on_forward:
@@ -174,9 +179,12 @@ class _Gating:
         self.tb.ran.record()
 
     def open(self, op: LoadOp | None, racing: Racing | None) -> None:
-        # Held where the harness knows (a schedule that holds it unseen is the watchdog's).
-        if self.on_forward or self.on_hazard or (op is not None and op.held):
-            self.tb.dev.host_wait(racing.finish_event if racing is not None else self.tb.ran, self.hold_s)
+        # Held where the harness knows (a schedule that holds it unseen is the watchdog's). Held before
+        # the preparation, it is the load op that must land first.
+        if self.on_forward or self.on_hazard or self.on_compute or (op is not None and op.held):
+            landed = (racing.finish_event if racing is not None else op.finish_event if self.on_compute and op
+                      else self.tb.ran)
+            self.tb.dev.host_wait(landed, self.hold_s)
             self.gate.release()
 
     def release(self) -> None:
@@ -197,6 +205,9 @@ class _NoGate(_Gating):
     @property
     def on_load(self) -> Gate | None:
         return None
+
+    def before_prepare(self) -> None:
+        pass
 
     def before_forward(self) -> None:
         pass
@@ -547,6 +558,7 @@ class Replayer:
         plan = FaultPlan(fault, i)
         with dev.stream(tb.forward):
             marks.take(dev, tb.forward, "begin")
+            gating.before_prepare()
             self.observer.before()
             marks.take(dev, tb.forward, "start")
             op = tb.start_load(plan, gate=gating.on_load) if load else None

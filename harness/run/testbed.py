@@ -26,7 +26,7 @@ from harness.protocol.loadback import CopyPlan, LayerDoneCounter, plan_copies
 from harness.protocol.pools import HostPool, HybridPool
 from harness.protocol.schedules import LayerListener, LoadOp, LoadStarter, Schedule, layerwise, start_loading
 from harness.protocol.writeback import HostBackup, WriteBack, transfer_policy
-from harness.records.errors import ReplayTimeout
+from harness.records.errors import EngineContractBroken, ReplayTimeout
 from harness.records.scenario import Backend, Scenario
 from harness.records.trace import Region
 
@@ -57,8 +57,15 @@ class Testbed:
                       if self.group is not None
                       else HybridModel(dev, layout, self.pool, s.seed, backup, HAZARDS[s.hazard].copies_slots))
         n = layout.shape.num_layers
-        # The engine's own load chain where it has one for this model: its counter and its load stream.
-        self.engine_load: EngineLoader | None = engine.loader(dev, layout, self.pool, self.host) if engine else None
+        # The engine's own load chain where it has one for this model: its counter and its load stream. A
+        # hazard whose load is an offloaded prefix's takes the engine's offloading load where it has one.
+        offload = getattr(engine, "offload_loader", None) if HAZARDS[s.hazard].loads_offloaded else None
+        if s.transfer not in (None, "engine") and HAZARDS[s.hazard].loads_offloaded and offload is None:
+            raise EngineContractBroken(f"transfer {s.transfer!r} of hazard {s.hazard.value!r} acts on an engine's "
+                                       "offloading load; this scenario's engine has none")
+        self.engine_load: EngineLoader | None = (
+            offload(dev, layout, self.pool, self.host, transfer_policy(s.transfer)) if offload
+            else engine.loader(dev, layout, self.pool, self.host) if engine else None)
         self.schedule: Schedule = for_scenario(resolve(Kind.SCHEDULE, s.schedule, s.source, "schedule"))
         # A loader thread's enqueue left to after the fence (`AsyncEnqueue.drain`), or None: decided once,
         # not on each replay.
@@ -82,8 +89,11 @@ class Testbed:
         targets = tuple(r for lid in range(n) for r in prefix_regions(layout, lid))
         # The engine's own write-back where its adapter has one (vLLM's offloading worker), else the harness's.
         engine_writeback = getattr(engine, "writeback", None)
+        # A scenario's `connector` (vLLM's) names which of the engine's workers stores.
+        chosen = {"connector": s.connector} if s.connector else {}
         self.writeback = (None if backup is None
-                          else engine_writeback(dev, layout, self.pool, self.forward, backup) if engine_writeback
+                          else engine_writeback(dev, layout, self.pool, self.forward, backup, **chosen)
+                          if engine_writeback
                           else WriteBack(dev, layout, self.pool, self.forward, backup))
         self.bed = HazardBed(dev, layout, self.pool, self.copies, targets, s.poison, s.seed, chunks, self.host,
                              self.load, transfer_policy(s.transfer), self.writeback, timeout_s,

@@ -1,11 +1,12 @@
-"""vLLM's CPU offloading worker as the write-back, against an installed vllm, on the CPU simulator
-(`make test-vllm` runs it on 0.13.0, 0.16.0 and 0.17.0; one release in process:
-`PYTHONPATH=.engines/vllm-0.13.0`).
+"""vLLM's CPU offloading worker against an installed vllm, on the CPU simulator: its store as the
+write-back (`make test-vllm` runs it on 0.13.0, 0.16.0 and 0.17.0) and, from 0.27.0, its load after a
+pending zeroing of its blocks (0.27.0 and 0.28.0); one release in process: `PYTHONPATH=.engines/vllm-0.13.0`.
 
-The store's stream and its waits are vLLM's own (`SingleDirectionOffloadingHandler.transfer_async`);
+The store's and the load's streams and waits are vLLM's own (`SingleDirectionOffloadingHandler.transfer_async`);
 the harness supplies the block copy, the streams and events, and the host memory. Every scenario of
-scenarios/engine/vllm_offload.toml must meet its expectation on the installed release; removing
-vLLM's wait on the compute stream must turn a clean release into a race (teeth).
+scenarios/engine/vllm_offload.toml (the store) and vllm_offload_load.toml (the load) must meet its
+expectation on the installed release; removing vLLM's wait on the compute stream must turn a clean
+release into a race (teeth).
 """
 
 from __future__ import annotations
@@ -123,51 +124,45 @@ def test_a_release_before_the_fix_enqueues_no_wait_on_the_compute_stream():
 
 
 # ---- vllm-project/vllm#50696: the CPU-to-GPU load after a pending zeroing (0.27.0 on) -------------
-def _load_has_the_fix() -> bool:
-    import vllm
-    from packaging.version import Version
-
-    return Version(vllm.__version__).release >= (0, 28, 0)
+LOAD_FILE = SCENARIO_DIR / "engine" / "vllm_offload_load.toml"
+LOAD_SCENARIOS = [small(s) for s in load_file(LOAD_FILE)] if NEW_WORKER else []
+LOAD_BY_NAME = {s.name: s for s in LOAD_SCENARIOS}
 
 
 @new_worker
 def test_the_load_goes_through_vllms_worker_and_handler():
-    o = vllm_offload_load.VllmOffloadLoad(SimDevice(), layers=2, blocks=8)
+    b = Testbed(LOAD_BY_NAME["vllm.offload-load-zeroing.gate"], SimDevice())
+    load = b.engine_load
+    assert isinstance(load, vllm_offload_load.VllmOffloadLoad)
     gw = importlib.import_module(vllm_offload_load.GPU_WORKER)
-    assert isinstance(o.worker, gw.CPUOffloadingWorker)
-    assert isinstance(o.handler, gw.SingleDirectionOffloadingHandler) and not o.handler.gpu_to_cpu
-    with o.dev.stream(o.dev.Stream("forward")):
-        end = o.submit_load([2, 3, 4, 6], [0, 1, 2, 3])
-    o.dev.synchronize()
-    assert end.query()
-    assert o.copies == 2 * 2  # per layer: the runs 2-4 and 6
-    assert o.streams, "vLLM's handler made the load's stream itself"
-    for lid in range(2):
-        assert torch.equal(o.caches[lid][[2, 3, 4, 6]], o.host[lid][:4])
+    assert isinstance(load.worker, gw.CPUOffloadingWorker)
+    assert isinstance(load.handler, gw.SingleDirectionOffloadingHandler) and not load.handler.gpu_to_cpu
+    with b.dev.stream(b.forward):
+        op = b.start_load(vllm_offload.FaultPlan(vllm_offload_fault()))
+    b.dev.synchronize()
+    assert op.finish_event.query() and load.end_event is not None and load.end_event.query()
+    # one submit_load of both requests' prefixes: per layer's K and V, one run of slots a request
+    assert load.copies == 4 * 2 * len(b.layout.requests)
+    assert load.streams and b.forward not in load.streams, "vLLM's handler made the load's stream itself"
+    for a in range(4):
+        for r in b.layout.requests:
+            rows = slice(r.host_offset, r.host_offset + len(r.prefix))
+            assert torch.equal(b.pool.kv.k[a][r.prefix.start : r.prefix.stop], b.host.k[a][rows])
+            assert torch.equal(b.pool.kv.v[a][r.prefix.start : r.prefix.stop], b.host.v[a][rows])
 
 
 @new_worker
-@pytest.mark.parametrize("fault", ["gate", "delay"])
-def test_a_zeroing_then_vllms_load_meets_the_release(fault):
-    """Before #50696 (0.27.0) the zeroing lands after the load: the forward reads zeros (data) and
-    the analysis finds the unordered writes; from 0.28.0 the load waits on the compute stream."""
-    r = vllm_offload_load.zero_then_load(SimDevice(), fault)
-    if _load_has_the_fix():
-        assert not r.race, (r.stale_blocks, r.findings)
+@pytest.mark.parametrize("scenario", LOAD_SCENARIOS, ids=[s.name for s in LOAD_SCENARIOS])
+def test_every_offload_load_scenario_meets_its_expectation_on_this_release(scenario):
+    """Before #50696 (0.27.0) the load lands before the zeroing and is wiped: the forward reads zeros
+    (data) and the analysis finds the unordered writes; from 0.28.0 the load waits on the compute
+    stream. The wait removed (transfer no_load_fence) races on every release."""
+    r = run_scenario(scenario, SimDevice(), replays=3)
+    assert r.error is None, r.error
+    assert r.observed is scenario.expect, (scenario.name, r.tally.stale_replays, len(r.findings))
+    if scenario.expect is Expect.RACE:
+        assert "zero the freshly allocated blocks" in {f.what for f in r.findings}
+        if scenario.fault.kind.value == "gate":
+            assert r.tally.stale_replays == 3  # every replay: the gate decides it
     else:
-        assert r.stale_blocks == 2 * 6 and r.findings
-        assert {f.what for f in r.findings} == {"zero the freshly allocated blocks"}
-
-
-@new_worker
-def test_without_fault_only_the_analysis_sees_the_unfixed_load():
-    r = vllm_offload_load.zero_then_load(SimDevice(), "none")
-    assert r.stale_blocks == 0  # safe by timing
-    assert bool(r.findings) is not _load_has_the_fix()
-
-
-@new_worker
-def test_removing_vllms_wait_on_the_compute_stream_races():
-    """The teeth: the compute stream as the handler sees it is idle; every release races."""
-    r = vllm_offload_load.zero_then_load(SimDevice(), "gate", waits_on_compute=False)
-    assert r.stale_blocks == 2 * 6 and r.findings
+        assert r.tally.stale_replays == 0 and not r.findings

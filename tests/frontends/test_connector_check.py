@@ -3,6 +3,8 @@ hooks through vLLM's own code (needs vllm importable: PYTHONPATH=.engines/vllm-0
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from tests.support.vllm_release import need
@@ -17,8 +19,8 @@ EXAMPLES = "harness.engines.vllm_reference_connectors"
 CHECKS = hasattr(adapter.load().module(adapter.CONNECTOR).KVConnectorBase_V1, "requires_piecewise_for_cudagraph")
 
 
-def check(capsys, name: str) -> tuple[int, str]:
-    code = main(["connector-check", name, "--device", "sim", "--replays", "2"])
+def check(capsys, name: str, *more: str) -> tuple[int, str]:
+    code = main(["connector-check", name, "--device", "sim", "--replays", "2", *more])
     out = capsys.readouterr()
     return code, out.out + out.err
 
@@ -48,12 +50,59 @@ def test_declaring_true_where_full_was_safe_is_a_cost_note(capsys):
     assert code == 0 and "honest, at a cost" in out and "a FULL graph was clean too" in out
 
 
-def test_vllms_offloading_connector_cannot_run_on_the_simulator(capsys):
-    # With vLLM's serving packages (openai-harmony, llguidance, xgrammar ...) its module imports and its
-    # worker cannot be built here (docs/engines.md says why); without them (the .[vllm] extra alone) its
-    # module does not import. Either is one line, exit 2, never a verdict.
-    code, out = check(capsys, "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector:OffloadingConnector")
-    assert code == 2 and ("did not run on the harness's device" in out or "cannot import" in out)
+OFFLOADING = "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector:OffloadingConnector"
+# The CPU size each release's CPUOffloadingSpec reads (0.13.0 counts blocks, 0.14.0 on bytes); each
+# reads its own key.
+OFFLOAD_CONFIG = '{"cpu_bytes_to_use": 1048576, "num_cpu_blocks": 2048}'
+
+
+def test_vllms_offloading_connector_is_honest_its_loads_being_asynchronous(capsys):
+    """vLLM's own OffloadingConnector, made by vLLM's factory with the model's KVCacheConfig, its prefixes
+    offloaded by earlier requests through its own store path, its metadata built by its own scheduler
+    side: it does not wait per layer, and needs no PIECEWISE graph: its scheduler side answers that its
+    loads are asynchronous, and vLLM runs a request's forward once the worker reports the load."""
+    code, out = check(capsys, OFFLOADING, "--extra-config", OFFLOAD_CONFIG)
+    assert code == 0, out
+    assert "vLLM settled on FULL" in out
+    assert "FULL (full): stale 0/2 replays, 0 findings, graph check 0 findings" in out
+    assert "its loads: asynchronous (get_num_new_matched_tokens: load_kv_async for 6 of 6 requests)" in out
+    # the teeth: the same FULL graph with the forward in its load's own step reads the pending load
+    assert "FULL, each forward in its load's own step: stale 2/2 replays" in out
+    assert "honest: OffloadingConnector's loads are asynchronous" in out
+    assert "its hooks do not order a pending load" in out
+    # its load does not wait on the compute stream before vllm-project/vllm#50696 (0.28.0)
+    assert "write-after-write findings against the harness's poisoning" in out
+    if CHECKS:
+        assert "declares requires_piecewise_for_cudagraph False (the base class's answer)" in out
+
+
+def test_the_offloading_connector_runs_vllms_own_code(capsys):
+    from harness.engines import vllm_graphs, vllm_load
+    from harness.frontends import connector_check as cc
+
+    cls = cc.connector_class(OFFLOADING)
+    vllm_graphs.checking(cls, {"cpu_bytes_to_use": 1 << 20, "num_cpu_blocks": 2048})
+    try:
+        from harness.devices.sim import SimDevice
+
+        run = cc._run("vllm_check", 1, SimDevice())
+    finally:
+        vllm_graphs.checking(None)
+    assert run.error is None and not run.race
+    load = vllm_load.current()
+    assert type(load.connector) is cls and type(load.scheduler.connector) is cls  # both roles vLLM's
+    worker = load.connector.connector_worker.worker
+    handlers = importlib.import_module("vllm.v1.kv_offload.worker.cpu_gpu")
+    assert all(isinstance(h, handlers.SingleDirectionOffloadingHandler) for h in worker.handlers)
+    hd = load.scheduler.handlers
+    assert hd.stores > 0 and hd.loads > 0  # its store path at set-up, its loads each replay, as harness copies
+    assert hd.streams, "vLLM's handlers made their streams themselves"
+
+
+def test_a_connector_refusing_its_config_is_one_line_and_exit_2(capsys):
+    code, out = check(capsys, OFFLOADING)  # no CPU size in kv_connector_extra_config
+    assert code == 2 and "must be specified in kv_connector_extra_config" in out
+    assert len([line for line in out.splitlines() if line.startswith("fence-harness:")]) == 1
 
 
 @pytest.mark.parametrize("name, says", [

@@ -74,6 +74,28 @@ def test_one_release_runs_in_its_own_process_through_the_hidden_option(tmp_path,
     assert cmd[1:5] == ["-m", "harness", "engine-matrix", "--in-process"] and "--small" in cmd
 
 
+def test_a_vllm_release_runs_the_default_files_whose_releases_hold_it(tmp_path, monkeypatch):
+    # The connector contract and the store's handlers up to 0.17.0, SimpleCPUOffloadConnector's worker from
+    # 0.19.0, the offloading load's worker from 0.27.0.
+    runs, real_run = [], subprocess.run
+
+    def child(cmd, **kwargs):  # the release's process, not started; anything else (git) runs
+        if cmd[1:3] != ["-m", "harness"]:
+            return real_run(cmd, **kwargs)
+        runs.append(cmd)
+        return SimpleNamespace(returncode=2)
+
+    monkeypatch.setattr(em, "install", lambda version, engines_dir, engine="sglang": tmp_path)
+    monkeypatch.setattr(em.subprocess, "run", child)
+    assert main(["engine-matrix", "--engine", "vllm", "--releases", "0.17.0,0.23.0,0.27.0", "--device", "sim",
+                 "--out", str(tmp_path / "m")]) == 2
+    files = {cmd[cmd.index("--out") + 1].rsplit("-", 1)[-1]: [Path(a).name for a in cmd if a.endswith(".toml")]
+             for cmd in runs}
+    assert files == {"0.17.0": ["vllm.toml", "vllm_offload.toml"], "0.23.0": ["vllm_simple_offload.toml"],
+                     "0.27.0": ["vllm_simple_offload.toml", "vllm_offload_load.toml"]}
+    assert em.MATRIX["vllm"].files_for("0.28.0", [Path("mine.toml")]) == [Path("mine.toml")]  # not a default
+
+
 def test_the_hidden_option_takes_files(capsys):
     assert main(["engine-matrix", "--in-process", "--device", "sim"]) == 2
     assert "FILES: give the scenario files to run" in capsys.readouterr().err

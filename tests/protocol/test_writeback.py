@@ -227,7 +227,8 @@ def test_only_the_write_back_hazards_build_a_write_back():
     assert {h for h, cls in HAZARDS.items() if cls.backs_up} == {Hazard.STORE, Hazard.REUSE,
                                                                  Hazard.FORWARD_OVER_BACKUP}
     assert {h for h, cls in HAZARDS.items() if cls.uses_transfer} == {
-        Hazard.STORE, Hazard.REUSE, Hazard.STAGING, Hazard.FORWARD_OVER_BACKUP, Hazard.RELOAD, Hazard.COW}
+        Hazard.STORE, Hazard.REUSE, Hazard.STAGING, Hazard.FORWARD_OVER_BACKUP, Hazard.RELOAD, Hazard.COW,
+        Hazard.ZEROING}
     assert bed(Hazard.RAW).writeback is None
 
 

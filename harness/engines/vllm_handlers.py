@@ -1,0 +1,150 @@
+"""vLLM's CPU offloading handlers (`vllm/v1/kv_offload/worker/cpu_gpu.py`) on the harness device, for
+a connector vLLM's factory made (its own `OffloadingConnector`, or any connector that moves KV
+through those handlers).
+
+The handlers are vLLM's code; what the harness supplies is what they reach of CUDA, patched into
+the handler module only while one of the connector's calls runs (`patched()`):
+
+- `ops.swap_blocks` (compiled, `torch.ops._C_cache_ops`): each run of consecutive block pairs of the
+  mapping is one harness copy on the stream vLLM made current, with the device region and the host
+  rows it touches: `dev.copy_to_host` for a store, `dev.copy_async` for a load. A load copy is also
+  where the scenario's fault applies, as the harness's own load op applies it (`begin_load`: the
+  gate held before the op's first copy, the delay once before each layer's first copy), and after
+  a layer's copies the op's event for that layer is recorded on that stream (the harness's marker
+  of how far vLLM's load got; nothing in vLLM waits on it);
+- `torch.cuda.Stream`, `current_stream`, `stream` and `torch.Event` (`StreamsOf`): the harness
+  device's streams and events, `elapsed_time` answering 0 (the transfer statistics only);
+- `torch.zeros` for the CPU tensors the handlers allocate: host tensors, pinned only where the
+  harness device is a GPU (the simulator has no pinned memory); each is matched, in allocation
+  order, with the cache it mirrors, so every copy is named by its pool and layer.
+
+A tensor vLLM hands `swap_blocks` that is none of these is the connector's contract broken
+(`EngineContractBroken`), never a silent copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from harness.devices.base import Device, Event, Stream
+from harness.engines.vllm_offload import StreamsOf, _runs
+from harness.engines.vllm_pools import plain
+from harness.protocol.schedules import LoadOp
+from harness.records.errors import EngineContractBroken
+from harness.records.trace import Pool, Region
+
+CPU_GPU = "vllm.v1.kv_offload.worker.cpu_gpu"
+NEEDED = {CPU_GPU: ("ops", "torch", "CpuGpuOffloadingHandlers")}
+HOST = "offload"  # the name of vLLM's CPU tensors in the op list's host regions
+
+
+class _Torch:
+    """`torch` as the handler module reaches it: the harness's streams and events, every other name
+    torch's own."""
+
+    def __init__(self, handlers: HandlerDevice):
+        self._h = handlers
+        self.cuda = StreamsOf(handlers, "offload", torch.cuda)
+
+    def Event(self, *args: Any, **kwargs: Any) -> Event:  # noqa: N802 - torch.Event
+        e = self._h.dev.Event()
+        e.elapsed_time = lambda other: 0.0  # type: ignore[attr-defined]  # the statistics only
+        return e
+
+    def zeros(self, shape: Sequence[int], *args: Any, device: Any = None, pin_memory: bool = False,
+              **kwargs: Any) -> torch.Tensor:
+        if str(device) != "cpu":
+            return torch.zeros(shape, *args, device=device, **kwargs)
+        t = torch.zeros(shape, *args, pin_memory=pin_memory and self._h.dev.torch_device.type == "cuda", **kwargs)
+        self._h.host_tensor(t)
+        return t
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
+class HandlerDevice:
+    """What vLLM's offloading handlers reach of CUDA, for the caches `caches` (vLLM's layer name ->
+    (the harness's global layer id, the registered `[2, blocks, 1, heads, head_dim]` view))."""
+
+    def __init__(self, dev: Device, module: Any, caches: dict[str, tuple[int, torch.Tensor]]):
+        self.dev, self.module = dev, module
+        self.streams: list[Stream] = []  # the streams vLLM's handlers made
+        self.idle = dev.Stream("offload-idle")  # StreamsOf's compute stream when vLLM's wait is removed
+        self.waits_on_compute = True
+        self.last_stream: Stream | None = None
+        self._layers = [lid for lid, _ in caches.values()]  # in the order the handlers allocate host tensors
+        # Where each tensor vLLM hands swap_blocks lives: (pool, global layer id, on the device).
+        self._where: dict[int, tuple[str, int, bool]] = {}
+        for lid, view in caches.values():
+            for i, p in enumerate((Pool.K, Pool.V)):
+                self._where[view[i].data_ptr()] = (p, lid, True)
+        self._torch, self._ops = _Torch(self), SimpleNamespace(swap_blocks=self._swap_blocks)
+        self.op: LoadOp | None = None  # the load op the next load copies belong to
+        self._paused: set[int] = set()
+        self.loads = self.stores = 0  # harness copies, each way
+
+    def host_tensor(self, t: torch.Tensor) -> None:
+        """A CPU tensor the handlers allocated: the next cache's, in their order."""
+        n = len([w for w in self._where.values() if not w[2]]) // 2
+        if n >= len(self._layers) or t.dim() < 2 or t.shape[0] != 2:
+            raise EngineContractBroken(f"vLLM's offloading handlers allocated a CPU tensor of shape {tuple(t.shape)}, "
+                                       "not a K/V pair of one of the registered caches")
+        for i, p in enumerate((Pool.K, Pool.V)):
+            self._where[t[i].data_ptr()] = (p, self._layers[n], False)
+
+    @contextlib.contextmanager
+    def patched(self) -> Iterator[None]:
+        m = self.module
+        saved = m.torch, m.ops
+        m.torch, m.ops = self._torch, self._ops
+        try:
+            yield
+        finally:
+            m.torch, m.ops = saved
+
+    def begin_load(self, op: LoadOp | None) -> None:
+        """The load op the next load copies belong to (its fault, its events); None: none."""
+        self.op, self._paused = op, set()
+
+    def _swap_blocks(self, src: torch.Tensor, dst: torch.Tensor, *args: Any) -> None:
+        """`ops.swap_blocks(src, dst, [block_size_in_bytes,] block_mapping)`."""
+        mapping = args[-1].tolist()
+        try:
+            sp, slid, s_dev = self._where[src.data_ptr()]
+            dp, dlid, d_dev = self._where[dst.data_ptr()]
+        except KeyError:
+            raise EngineContractBroken("vLLM's swap_blocks was handed a tensor the harness did not register") from None
+        if (sp, slid) != (dp, dlid) or s_dev == d_dev:
+            raise EngineContractBroken(f"vLLM's swap_blocks copies {sp} L{slid} to {dp} L{dlid}")
+        s, d = plain(src), plain(dst)
+        if not s_dev:
+            self._fault(slid)
+        for s0, d0, n in _runs(mapping):
+            dev_rows, host_rows = (s0, d0) if s_dev else (d0, s0)
+            region = Region(sp, slid, dev_rows, dev_rows + n)
+            host_region = Region(Pool.on_host(HOST, sp), slid, host_rows, host_rows + n)
+            if s_dev:
+                self.dev.copy_to_host(d[d0 : d0 + n], s[s0 : s0 + n], region, host_region)
+                self.stores += 1
+            else:
+                self.dev.copy_async(d[d0 : d0 + n], s[s0 : s0 + n], region, host_region)
+                self.loads += 1
+        if not s_dev and self.op is not None:
+            self.op.event_set.complete(slid)  # on the stream vLLM made current
+            for listener in self.op.listeners:
+                listener(slid)
+
+    def _fault(self, layer: int) -> None:
+        op = self.op
+        if op is None:
+            return  # a load the harness did not start (none: the set-up only stores)
+        op.hold()
+        if layer not in self._paused:
+            self._paused.add(layer)
+            op.pause(layer)
