@@ -143,7 +143,9 @@ def run_simulator() -> None:
     from harness.input.scenario_file import load_files
     from harness.run.pipeline import run_scenario
 
-    for s in load_files(MATRIX["vllm"].files):
+    part = MATRIX["vllm"]
+    version = str(importlib.import_module("vllm").__version__)
+    for s in load_files(part.files_for(version, list(part.files))):
         r = run_scenario(s.with_overrides(model=dataclasses.replace(s.model, **SMALL)), SimDevice(), replays=1)
         if r.error:
             raise RuntimeError(f"{s.name}: {r.error}")
@@ -195,8 +197,12 @@ def imported_distributions(release: Path, opened: set[str]) -> tuple[dict[str, s
         if not where or top in sys.stdlib_module_names or top not in owners:
             continue
         path = Path(where).resolve()
-        if _under(path, release) or _under(path, ROOT) or "_vendor" in path.parts:
-            continue  # the release's, the harness's, or vendored inside another package (setuptools')
+        if not Path(where).is_absolute() or not path.is_file():
+            continue  # a module that names no file of its own (torch's `_classes`, `_ops`: a bare name)
+        if _under(path, release) or _under(path, ROOT / "harness") or "_vendor" in path.parts:
+            # The release's, the harness's, or vendored inside another package (setuptools'). Not the
+            # whole checkout: `make test-vllm`'s venv lives in it.
+            continue
         dists = {normalized(d): d for d in owners[top] if normalized(d) not in NOT_ENGINE}
         for key, dist in dists.items():
             versions[key] = metadata.version(dist)
