@@ -231,6 +231,8 @@ gpu-test:
 # matrix and the bench are the committed samples' own commands (make gpu-samples).
 NIGHTLY ?= $(REPORTS)/nightly
 BENCH_POINTS ?= sweep,layers
+# 30 timed rounds an arm after 5 warm-up ones: the medians' spread is in the output (IQR).
+BENCH_ARGS   ?= --points $(BENCH_POINTS) --repeats 30 --warmup 5
 gpu-nightly:
 	mkdir -p $(NIGHTLY)
 	PYTHONPATH=. $(PYTHON) -m pytest -q -m "gpu and nightly" -p no:cacheprovider -p harness.frontends.pytest_plugin \
@@ -238,7 +240,7 @@ gpu-nightly:
 	PYTHONPATH=. $(PYTHON) -m harness run --device cuda --out $(NIGHTLY)/run
 	PYTHONPATH=. $(PYTHON) -m harness mutants --device cuda --replays 1000 --out $(NIGHTLY)/mutants
 	PYTHONPATH=. $(PYTHON) -m harness fences --device cuda --out $(NIGHTLY)/fences
-	PYTHONPATH=. $(PYTHON) -m harness bench --device cuda --points $(BENCH_POINTS) --out $(NIGHTLY)/bench
+	PYTHONPATH=. $(PYTHON) -m harness bench --device cuda $(BENCH_ARGS) --out $(NIGHTLY)/bench
 	PYTHONPATH=. $(PYTHON) -m harness checking --device cuda --out $(NIGHTLY)/checking
 	PYTHONPATH=. $(PYTHON) -m harness sanitizer cost --out $(NIGHTLY)/sanitizer
 	PYTHONPATH=. $(PYTHON) -m harness sanitizer compare --log $(NIGHTLY)/sanitizer-compare.log \
@@ -270,8 +272,7 @@ gpu-samples:
 	GITHUB_SHA=$(COMMIT) $(MAKE) gpu-test REPORTS=$(SAMPLES)/gpu-test-h200
 	GITHUB_SHA=$(COMMIT) PYTHONPATH=. $(PYTHON) -m harness run --device cuda --out $(SAMPLES)/default-h200
 	GITHUB_SHA=$(COMMIT) PYTHONPATH=. $(PYTHON) -m harness mutants --device cuda --replays 1000 --out $(SAMPLES)/mutants-h200
-	GITHUB_SHA=$(COMMIT) PYTHONPATH=. $(PYTHON) -m harness bench --device cuda --points $(BENCH_POINTS) \
-		--out $(SAMPLES)/bench-h200
+	GITHUB_SHA=$(COMMIT) PYTHONPATH=. $(PYTHON) -m harness bench --device cuda $(BENCH_ARGS) --out $(SAMPLES)/bench-h200
 
 # What each correct fence costs (device events; the whole sweep on a GPU, the default point on the
 # simulator), and every strategy against every full-graph race scenario.

@@ -125,9 +125,11 @@ class Vllm:
 
     def writeback(self, dev: Device, layout: Layout, pools: HybridPool, forward: Stream,
                   host: HostBackup, connector: str | None = None) -> WriteBack:
-        """The write-back through a vLLM connector's own offloading worker: OffloadingConnector's
-        handlers (`harness.engines.vllm_offload`, the default) or SimpleCPUOffloadConnector's worker
-        (`harness.engines.vllm_simple_offload`); vLLM decides the stream and the waits of each store."""
+        """The write-back through a vLLM connector's own offloading worker: OffloadingConnector's (the
+        default: its handlers, `harness.engines.vllm_offload`, or from 0.27.0, where the release has
+        `kv_offload/cpu/gpu_worker.py`, its `CPUOffloadingWorker`, `harness.engines.vllm_worker_store`)
+        or SimpleCPUOffloadConnector's worker (`harness.engines.vllm_simple_offload`); vLLM decides the
+        stream and the waits of each store."""
         if connector == "SimpleCPUOffloadConnector":
             from harness.engines import vllm_scheduler, vllm_simple_offload
 
@@ -137,8 +139,13 @@ class Vllm:
                                                                   vllm_scheduler.KV_CACHE]}))
             config = vllm_scheduler.kv_cache_config(self, layout, names, BLOCK_SIZE)
             return vllm_simple_offload.VllmSimpleOffload(self, dev, layout, pools, forward, host, config)
-        from harness.engines import vllm_offload
+        from harness.engines import vllm_offload, vllm_offload_load
 
+        if vllm_offload_load.available():  # 0.27.0 on: the OffloadingConnector's worker is CPUOffloadingWorker
+            from harness.engines import vllm_worker_store
+
+            self.modules.update(import_needed(self.version, vllm_worker_store.NEEDED))
+            return vllm_worker_store.VllmWorkerStore(self, dev, layout, pools, forward, host)
         self.modules.update(import_needed(self.version, vllm_offload.NEEDED))
         return vllm_offload.VllmOffload(self, dev, layout, pools, forward, host)
 

@@ -73,21 +73,24 @@ class EngineReleases:
 # 0.17.0; vllm.toml), those on either side of #46278 (SimpleCPUOffloadConnector's store ordered after
 # the compute stream and read in stream order, first in 0.24.0; the connector is in 0.19.0 on;
 # vllm_simple_offload.toml) and of #50696 (the offloading load's wait on the compute stream, first in
-# 0.28.0; vllm_offload_load.toml). The connector contract and the store's handlers
-# (kv_offload/worker/cpu_gpu.py) are driven on the releases the adapter was built against (0.13.0-0.17.0;
-# 0.23.0 on keep unified_attention elsewhere); SimpleCPUOffloadConnector's worker from 0.19.0; the
-# offloading load's worker (kv_offload/cpu/gpu_worker.py) from 0.27.0.
+# 0.28.0; vllm_offload_load.toml; the same worker's store: vllm_offload_store.toml). The connector
+# contract and the store's handlers (kv_offload/worker/cpu_gpu.py) are driven on the releases the
+# adapter was built against (0.13.0-0.17.0; 0.23.0 on keep unified_attention elsewhere);
+# SimpleCPUOffloadConnector's worker from 0.19.0; the OffloadingConnector's worker of 0.27.0 on
+# (kv_offload/cpu/gpu_worker.py) from 0.27.0.
 MATRIX = {
     "sglang": EngineReleases("sglang", RELEASES, FILES, GPU_FILES, "", ""),
     "vllm": EngineReleases("vllm", ("0.13.0", "0.16.0", "0.17.0", "0.23.0", "0.24.0", "0.27.0", "0.28.0"),
                            (ROOT / "scenarios" / "engine" / "vllm.toml",
                             ROOT / "scenarios" / "engine" / "vllm_offload.toml",
                             ROOT / "scenarios" / "engine" / "vllm_simple_offload.toml",
+                            ROOT / "scenarios" / "engine" / "vllm_offload_store.toml",
                             ROOT / "scenarios" / "engine" / "vllm_offload_load.toml"),
                            (ROOT / "scenarios" / "engine" / "vllm_serving.toml",), "vllm-", "vllm",
                            (("vllm.toml", "<0.18.0"), ("vllm_offload.toml", "<0.18.0"),
                             ("vllm_serving.toml", "<0.18.0"),
-                            ("vllm_simple_offload.toml", ">=0.19.0"), ("vllm_offload_load.toml", ">=0.27.0"))),
+                            ("vllm_simple_offload.toml", ">=0.19.0"), ("vllm_offload_store.toml", ">=0.27.0"),
+                            ("vllm_offload_load.toml", ">=0.27.0"))),
 }
 # --small: the model dimensions the CPU computes in seconds (the layer pattern, batch and
 # fault are the scenario's own).
@@ -100,8 +103,8 @@ def add_command(subparsers) -> None:
                    help="scenario files (default: scenarios/engine/sglang.toml, sglang_cow.toml and "
                         "sglang_host_hit.toml, on a GPU also serving.toml; with --engine vllm: "
                         "scenarios/engine/vllm.toml and vllm_offload.toml up to 0.17.0 (on a GPU also "
-                        "vllm_serving.toml), vllm_simple_offload.toml from 0.19.0, vllm_offload_load.toml "
-                        "from 0.27.0)")
+                        "vllm_serving.toml), vllm_simple_offload.toml from 0.19.0, vllm_offload_store.toml "
+                        "and vllm_offload_load.toml from 0.27.0)")
     p.add_argument("--engine", choices=sorted(MATRIX), default="sglang",
                    help="whose releases (default: %(default)s)")
     p.add_argument("--releases", default=None,

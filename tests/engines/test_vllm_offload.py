@@ -166,3 +166,53 @@ def test_every_offload_load_scenario_meets_its_expectation_on_this_release(scena
             assert r.tally.stale_replays == 3  # every replay: the gate decides it
     else:
         assert r.tally.stale_replays == 0 and not r.findings
+
+
+# ---- the OffloadingConnector's store through CPUOffloadingWorker.submit_store (0.27.0 on) -------------
+STORE_FILE = SCENARIO_DIR / "engine" / "vllm_offload_store.toml"
+STORE_SCENARIOS = [small(s) for s in load_file(STORE_FILE)] if NEW_WORKER else []
+STORE_BY_NAME = {s.name: s for s in STORE_SCENARIOS}
+
+
+@new_worker
+def test_the_store_goes_through_vllms_cpu_offloading_worker():
+    from harness.engines import vllm_worker_store
+
+    b = Testbed(STORE_BY_NAME["vllm.offload-worker-store.gate"], SimDevice())
+    wb = b.writeback
+    assert isinstance(wb, vllm_worker_store.VllmWorkerStore)
+    gw = importlib.import_module(vllm_offload_load.GPU_WORKER)
+    assert isinstance(wb.worker, gw.CPUOffloadingWorker)
+    with b.dev.stream(b.forward):
+        op = wb.write(vllm_offload.FaultPlan(vllm_offload_fault()), b.bed.transfer)
+    b.dev.synchronize()
+    assert op.finish_event.query()
+    assert wb.copies == 4 * 2 * len(b.layout.requests)  # per layer's K and V, one run of slots a request
+    assert wb.streams and b.forward not in wb.streams
+
+
+@new_worker
+@pytest.mark.parametrize("scenario", STORE_SCENARIOS, ids=[s.name for s in STORE_SCENARIOS])
+def test_every_worker_store_scenario_meets_its_expectation_on_this_release(scenario):
+    r = run_scenario(scenario, SimDevice(), replays=3)
+    assert r.error is None, r.error
+    assert r.observed is scenario.expect, (scenario.name, r.observed, r.tally.stale_replays)
+    if scenario.expect is Expect.RACE:
+        assert r.tally.stale_replays == 3 and {f.kind.value for f in r.findings} == {"store-before-compute"}
+
+
+@new_worker
+def test_a_store_reading_its_source_out_of_stream_order_races_behind_the_wait(monkeypatch):
+    """Why the worker asks for stream order on stores: with its wait on the compute stream kept, a store
+    whose source may be read out of stream order reads the KV before the forward wrote it."""
+    from harness.engines import vllm_worker_store
+
+    real = vllm_worker_store.VllmWorkerStore._swap_blocks_batch
+
+    def out_of_order(self, src, dst, sizes, *args, **kwargs):
+        kwargs["is_src_access_order_any"] = True
+        return real(self, src, dst, sizes, *args, **kwargs)
+
+    monkeypatch.setattr(vllm_worker_store.VllmWorkerStore, "_swap_blocks_batch", out_of_order)
+    r = run_scenario(STORE_BY_NAME["vllm.offload-worker-store.gate"], SimDevice(), replays=3)
+    assert r.error is None and r.observed is Expect.RACE and r.tally.stale_replays == 3

@@ -92,7 +92,7 @@ def test_a_vllm_release_runs_the_default_files_whose_releases_hold_it(tmp_path, 
     files = {cmd[cmd.index("--out") + 1].rsplit("-", 1)[-1]: [Path(a).name for a in cmd if a.endswith(".toml")]
              for cmd in runs}
     assert files == {"0.17.0": ["vllm.toml", "vllm_offload.toml"], "0.23.0": ["vllm_simple_offload.toml"],
-                     "0.27.0": ["vllm_simple_offload.toml", "vllm_offload_load.toml"]}
+                     "0.27.0": ["vllm_simple_offload.toml", "vllm_offload_store.toml", "vllm_offload_load.toml"]}
     assert em.MATRIX["vllm"].files_for("0.28.0", [Path("mine.toml")]) == [Path("mine.toml")]  # not a default
 
 

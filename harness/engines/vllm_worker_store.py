@@ -1,0 +1,191 @@
+"""The OffloadingConnector's store from 0.27.0, through vLLM's own `CPUOffloadingWorker.submit_store`
+(`vllm/v1/kv_offload/cpu/gpu_worker.py`), as the write-back: the store-before-compute hazard where
+`kv_offload/worker/cpu_gpu.py` (`harness.engines.vllm_offload`) is gone.
+
+What runs as vLLM's code: `CPUOffloadingWorker(kv_caches, blocks_per_chunk=1, num_cpu_blocks)` (its CPU
+tensors, both handlers), `submit_store(job_id, GPULoadStoreSpec, CPULoadStoreSpec)` (the descriptors, the
+stream from its pool or new, every wait it enqueues: the compute stream, then the previous transfer's
+end event; its start and end events; the batched copy and the source access order it asks for) and
+`get_finished()`, the host's poll before each store.
+
+What the harness supplies, patched into the module only while vLLM's calls run: the batched copy
+(`ops.swap_blocks_batch`: each run of consecutive pages one `dev.copy_to_host`, found back from the
+descriptors' byte pointers; where vLLM asks for the source to be read out of stream order
+(`is_src_access_order_any`), on a side stream that waits on nothing, the stream vLLM entered then
+waiting for it), `current_platform.Stream`, `current_stream` and `stream`, `torch.Event`
+(`elapsed_time` 0), `PIN_MEMORY` and Triton off, and the CPU tensors (`torch.zeros`): views of the
+probes' host copy, a layer's K or V as vLLM's int8 `[rows, page]`. The caches are the scenario's, each
+layer's K and V a `CanonicalKVCacheTensor` as in `harness.engines.vllm_offload_load`.
+
+The store is submitted right after the forward is enqueued, with the forward stream current, as the
+connector's worker submits it on the compute stream. `no_write_fence` (the teeth): the compute stream
+as the handler sees it is an idle stream of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from harness.devices.base import Device, Event, Gate, Stream, dtype_of
+from harness.engines.vllm_offload import StreamsOf
+from harness.engines.vllm_offload_load import BASE, COMMON, GPU_WORKER
+from harness.engines.vllm_pools import DeviceMemory, plain
+from harness.faults.plan import FaultPlan
+from harness.protocol.layout import Layout
+from harness.protocol.pools import HybridPool
+from harness.protocol.writeback import HostBackup, TransferPolicy, WriteBack, WriteOp
+from harness.records.errors import EngineContractBroken
+from harness.records.trace import Pool, Region
+
+HOST = "backup"
+NEEDED = {
+    GPU_WORKER: ("CPUOffloadingWorker.submit_store", "CPUOffloadingWorker.get_finished", "ops", "torch",
+                 "current_platform", "PIN_MEMORY", "HAS_TRITON"),
+    BASE: ("CanonicalKVCacheTensor", "CanonicalKVCacheRef", "CanonicalKVCaches", "GPULoadStoreSpec"),
+    COMMON: ("CPULoadStoreSpec",),
+}
+
+
+class _Torch:
+    def __init__(self, owner: VllmWorkerStore):
+        self._o = owner
+
+    def Event(self, *args: Any, **kwargs: Any) -> Event:  # noqa: N802 - torch.Event
+        e = self._o.dev.Event()
+        e.elapsed_time = lambda other: 0.0  # type: ignore[attr-defined]  # the statistics only
+        return e
+
+    def zeros(self, shape: Sequence[int], *args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
+        if str(device) != "cpu":
+            return torch.zeros(shape, *args, device=device, **kwargs)
+        return self._o.next_host_tensor(tuple(shape))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
+class VllmWorkerStore(WriteBack):
+    """The write-back of one scenario through `CPUOffloadingWorker.submit_store` (the module's text)."""
+
+    def __init__(self, engine: Any, dev: Device, layout: Layout, pool: HybridPool, forward: Stream,
+                 host: HostBackup):
+        s = layout.shape
+        if s.mamba_layers:
+            raise EngineContractBroken("vLLM's offloading worker here moves attention KV only; the model has Mamba "
+                                       "layers")
+        if getattr(pool, "names", None) is None:
+            raise EngineContractBroken("vLLM's offloading worker copies vLLM's KV caches (the vLLM adapter's pools)")
+        n_a, t = len(s.attention_layers), layout.total_new
+        dt = dtype_of(s.dtype)
+        buf = dev.empty_host((2, n_a, t, s.kv_heads, s.head_dim), dt)
+        buf.zero_()
+        host.k, host.v = buf[0], buf[1]
+        super().__init__(dev, layout, pool, forward, host)
+        self.layout, self.dtype = layout, dt
+        self.gw: Any = engine.module(GPU_WORKER)
+        base, common = engine.module(BASE), engine.module(COMMON)
+        self.platform = self.gw.current_platform
+        self.streams: list[Stream] = []
+        self.idle = dev.Stream("offload-store-nowait")  # the compute stream as `no_write_fence` shows it
+        self.any_order = dev.Stream("offload-store-any")  # where a source read out of stream order runs
+        self.waits_on_compute = True
+        self.last_stream: Stream | None = None
+        self.copies = 0
+        self.page = s.kv_heads * s.head_dim * dt.itemsize
+        # vLLM's canonical tensors: each attention layer's K, then its V (pool, global layer id, slots, host rows).
+        self.parts = [(p, lid, pool.kv.k[a] if p == Pool.K else pool.kv.v[a], buf[i, a])
+                      for a, lid in enumerate(s.attention_layers) for i, p in enumerate((Pool.K, Pool.V))]
+        self._host_views = iter([h.view(torch.int8).view(t, -1) for _, _, _, h in self.parts])
+        tensors = [base.CanonicalKVCacheTensor(tensor=d if d.is_cuda else d.as_subclass(DeviceMemory),
+                                               page_size_bytes=self.page) for _, _, d, _ in self.parts]
+        refs = [[base.CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=self.page) for i in range(len(self.parts))]]
+        self._ranges = [(d.data_ptr(), d.shape[0], i, True) for i, (_, _, d, _) in enumerate(self.parts)]
+        self._ranges += [(h.data_ptr(), t, i, False) for i, (_, _, _, h) in enumerate(self.parts)]
+        self._torch = _Torch(self)
+        self._ops = SimpleNamespace(swap_blocks_batch=self._swap_blocks_batch)
+        with self._patched():
+            self.worker = self.gw.CPUOffloadingWorker(base.CanonicalKVCaches(tensors=tensors, group_data_refs=refs),
+                                                      1, t)
+        self.gpu_spec, self.cpu_spec = base.GPULoadStoreSpec, common.CPULoadStoreSpec
+        self.jobs = itertools.count(1)
+
+    def next_host_tensor(self, shape: tuple[int, ...]) -> torch.Tensor:
+        view = next(self._host_views, None)
+        if view is None or tuple(view.shape) != shape:
+            raise EngineContractBroken(f"vLLM's offloading worker asked for a CPU tensor of shape {shape}, not the "
+                                       "harness's host copy of one layer's K or V")
+        return view
+
+    @contextlib.contextmanager
+    def _patched(self) -> Iterator[None]:
+        m = self.gw
+        saved = m.torch, m.ops, m.current_platform, m.PIN_MEMORY, m.HAS_TRITON
+        m.torch, m.ops, m.current_platform, m.PIN_MEMORY, m.HAS_TRITON = (
+            self._torch, self._ops, StreamsOf(self, "offload-store", self.platform), False, False)
+        try:
+            yield
+        finally:
+            m.torch, m.ops, m.current_platform, m.PIN_MEMORY, m.HAS_TRITON = saved
+
+    def _where(self, ptr: int) -> tuple[int, int, bool]:
+        for start, rows, part, on_dev in self._ranges:
+            if start <= ptr < start + self.page * rows:
+                if (ptr - start) % self.page:
+                    raise EngineContractBroken("vLLM's copy descriptor points inside a page")
+                return part, (ptr - start) // self.page, on_dev
+        raise EngineContractBroken("vLLM's copy descriptor points into memory the harness did not register")
+
+    def _swap_blocks_batch(self, src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor, *args: Any,
+                           is_src_access_order_any: bool = False, **kwargs: Any) -> None:
+        """vLLM's batched copy of a store: each run of consecutive pages one copy to the host."""
+        ops = [(self._where(s), self._where(d), n)
+               for s, d, n in zip(src.tolist(), dst.tolist(), sizes.tolist(), strict=True)]
+        issued = self.dev.current_stream()
+        with self.dev.stream(self.any_order if is_src_access_order_any else issued):
+            i = 0
+            while i < len(ops):
+                (sp, s0, s_dev), (dp, d0, d_dev), size = ops[i]
+                if sp != dp or not s_dev or d_dev or size != self.page:
+                    raise EngineContractBroken(f"vLLM's store copies part {sp} to part {dp} ({size} bytes)")
+                n = 1
+                while (i + n < len(ops) and ops[i + n][0] == (sp, s0 + n, True)
+                       and ops[i + n][1] == (dp, d0 + n, False)):
+                    n += 1
+                pool, lid, d, h = self.parts[sp]
+                self.dev.copy_to_host(h[d0 : d0 + n], plain(d)[s0 : s0 + n], Region(pool, lid, s0, s0 + n),
+                                      Region(Pool.on_host(HOST, pool), lid, d0, d0 + n))
+                self.copies += 1
+                i += n
+            if is_src_access_order_any:
+                done = self.dev.Event()
+                done.record()
+        if is_src_access_order_any:
+            issued.wait_event(done)
+
+    def write(self, fault: FaultPlan, policy: TransferPolicy, gate: Gate | None = None) -> WriteOp:
+        """The batch's store through vLLM's worker, on the current (forward) stream."""
+        if gate is not None or fault.pause_us(0) > 0:
+            raise EngineContractBroken("vLLM's offloading store runs with no fault of its own "
+                                       "(the hazard store_before_compute)")
+        self.waits_on_compute = policy.write_fence
+        start = self.dev.Event()
+        start.record()
+        gpu = [slot for r in self.layout.requests for slot in r.new]
+        cpu = [row for r in self.layout.requests for row in r.tokens]
+        with self._patched():
+            self.worker.get_finished()  # the host's poll: finished transfers give their streams back
+            self.last_stream = None
+            spec = self.gpu_spec(gpu, group_sizes=[len(gpu)], block_indices=[0])
+            if not self.worker.submit_store(next(self.jobs), spec, self.cpu_spec(cpu)):
+                raise EngineContractBroken("vLLM's offloading worker refused a store")
+        if self.last_stream is None:
+            raise EngineContractBroken("vLLM's offloading worker enqueued its store on no stream of its own")
+        finish = self.dev.Event()
+        finish.record(self.last_stream)  # after the store's end event, on its stream
+        return WriteOp(self.dev, start, start, finish, policy)
