@@ -83,6 +83,8 @@ WRITEBACK_CONNECTORS = ("OffloadingConnector", "SimpleCPUOffloadConnector")
 
 # What the scenario's graph mode asks vLLM for, and what it may settle on, as the harness's runners.
 FULL, PIECEWISE = "FULL", "PIECEWISE"
+# The KV cache's block, in tokens: one slot, as the harness's caches are laid out (`harness.engines.vllm_pools`).
+BLOCK_SIZE = 1
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,13 @@ class Vllm:
         return vllm_offload_load.make(self, dev, layout, pools, host, policy)
 
     # ---- what the adapter's modules reach through it ------------------------------------------
+    # The KV cache's block, in tokens (`BLOCK_SIZE`), for the modules that build vLLM's configs.
+    block_size = BLOCK_SIZE
+
+    def require(self, needed: dict[str, tuple[str, ...]]) -> None:
+        """`needed`'s modules imported, checked (`import_needed`) and kept for `module`."""
+        self.modules.update(import_needed(self.version, needed))
+
     def module(self, name: str) -> Any:
         """One of the modules imported and checked so far (`NEEDED`'s by `load()`, others by the part
         that needs them); InputError (exit 2) naming why where the connector contract is not usable."""
@@ -319,8 +328,6 @@ def use_harness_platform(engine: Vllm) -> None:
     check_platform()
 
 
-# The KV cache's block, in tokens: one slot, as the harness's caches are laid out (`harness.engines.vllm_pools`).
-BLOCK_SIZE = 1
 
 
 def connector_config(engine: Vllm, connector: type, extra_config: dict[str, Any], mode: str = FULL) -> Any:

@@ -103,11 +103,9 @@ class VllmLoad:
     def _engine_connector(self, connector: type) -> None:
         """A connector that is not the harness's, given what a real engine gives it (the module's text)."""
         from harness.engines import vllm_handlers, vllm_scheduler
-        from harness.engines.vllm import BLOCK_SIZE, import_needed
 
-        needed = {**vllm_scheduler.NEEDED, **vllm_handlers.NEEDED}
-        self.engine.modules.update(import_needed(self.engine.version, needed))
-        kv_config = vllm_scheduler.kv_cache_config(self.engine, self.layout, self.pools.names, BLOCK_SIZE)
+        self.engine.require({**vllm_scheduler.NEEDED, **vllm_handlers.NEEDED})
+        kv_config = vllm_scheduler.kv_cache_config(self.engine, self.layout, self.pools.names, self.engine.block_size)
         module = self.engine.module(vllm_handlers.CPU_GPU)
         names = self.pools.names
         handlers = vllm_handlers.HandlerDevice(
