@@ -427,7 +427,12 @@ class ScenarioItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
-        return self.path, _name_line(self.path, self.name), f"scenario {self.name}: {self.scenario.describe()}"
+        from harness.records.scenario import shown_path
+
+        # The file as a committed report may show it (relative to the working directory): a skip at
+        # this item's location names it in the JUnit file, which must name no folder of the host.
+        return (shown_path(str(self.path)), _name_line(self.path, self.name),
+                f"scenario {self.name}: {self.scenario.describe()}")
 
 
 @functools.cache

@@ -26,6 +26,7 @@ from harness.checkers.graph import GraphCheck
 from harness.checkers.happens_before import Finding
 from harness.records.plain import as_plain
 from harness.records.rates import LEVEL, METHOD, SEE_CONFIDENCE, Rate
+from harness.records.scenario import Scenario, shown_path
 
 if TYPE_CHECKING:
     from harness.run.pipeline import ScenarioResult
@@ -34,12 +35,21 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 1
 
 
+def definition(s: Scenario) -> dict:
+    """The scenario as results.json records it: every field, its file as a committed report may show
+    it (`shown_path`: relative to the working directory, never a folder of the machine that ran it)."""
+    d = as_plain(s)
+    if d.get("source"):
+        d["source"] = shown_path(d["source"])
+    return d
+
+
 def scenario_entry(r: ScenarioResult) -> dict:
     t = r.tally
     v = r.verdict if r.verdict is not None else r.seal()
     return {
         "name": r.scenario.name,
-        "definition": as_plain(r.scenario),
+        "definition": definition(r.scenario),
         "expect": r.scenario.expect.value,
         "observed": v.observed.value if v.observed else None,
         "evidence": [e.value for e in v.evidence],  # what showed the race: data, analysis

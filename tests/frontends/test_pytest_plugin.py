@@ -525,3 +525,14 @@ def test_a_skipped_scenario_is_reported_at_its_own_file_and_line(pytester, tiny)
     lineno = TINY.splitlines().index('name = "tiny-full-final_event"') + 1
     assert line == (f"SKIPPED [1] gpu_only.toml:{lineno}: runs only on cuda (devices in gpu_only.toml), "
                     "not on sim"), line
+
+
+def test_a_skipped_scenario_names_its_file_relative_in_the_junit_file(pytester, tiny):
+    # The JUnit file is what a CI system keeps and a sample commits: its skip line names the scenario
+    # file as the console does, never the absolute folder of the host that ran it.
+    pytester.makefile(".toml", gpu_only=TINY.replace('name = "tiny-full-final_event"',
+                                                     'name = "tiny-full-final_event"\ndevices = ["cuda"]'))
+    junit = pytester.path / "junit.xml"
+    run(pytester, "--harness-scenarios", "gpu_only.toml", f"--junitxml={junit}").assert_outcomes(passed=1, skipped=1)
+    text = junit.read_text()
+    assert "gpu_only.toml:" in text and str(pytester.path) not in text
