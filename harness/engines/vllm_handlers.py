@@ -25,15 +25,16 @@ A tensor vLLM hands `swap_blocks` that is none of these is the connector's contr
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from harness.devices.base import Device, Event, Stream
-from harness.engines.vllm_offload import StreamsOf, _runs
+from harness.devices.base import Device, Stream
+from harness.engines.vllm_offload import _runs
 from harness.engines.vllm_pools import plain
+from harness.engines.vllm_stand_ins import StreamsOf, TorchOf, patched
 from harness.protocol.schedules import LoadOp
 from harness.records.errors import EngineContractBroken
 from harness.records.trace import Pool, Region
@@ -43,29 +44,17 @@ NEEDED = {CPU_GPU: ("ops", "torch", "CpuGpuOffloadingHandlers")}
 HOST = "offload"  # the name of vLLM's CPU tensors in the op list's host regions
 
 
-class _Torch:
-    """`torch` as the handler module reaches it: the harness's streams and events, every other name
-    torch's own."""
-
-    def __init__(self, handlers: HandlerDevice):
-        self._h = handlers
-        self.cuda = StreamsOf(handlers, "offload", torch.cuda)
-
-    def Event(self, *args: Any, **kwargs: Any) -> Event:  # noqa: N802 - torch.Event
-        e = self._h.dev.Event()
-        e.elapsed_time = lambda other: 0.0  # type: ignore[attr-defined]  # the statistics only
-        return e
+class _Torch(TorchOf):
+    """`TorchOf` with the handler module's streams, and its CPU tensors allocated as it asks, each
+    registered with the handlers (`HandlerDevice.host_tensor`)."""
 
     def zeros(self, shape: Sequence[int], *args: Any, device: Any = None, pin_memory: bool = False,
               **kwargs: Any) -> torch.Tensor:
         if str(device) != "cpu":
             return torch.zeros(shape, *args, device=device, **kwargs)
-        t = torch.zeros(shape, *args, pin_memory=pin_memory and self._h.dev.torch_device.type == "cuda", **kwargs)
-        self._h.host_tensor(t)
+        t = torch.zeros(shape, *args, pin_memory=pin_memory and self._o.dev.torch_device.type == "cuda", **kwargs)
+        self._o.host_tensor(t)
         return t
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
 
 
 class HandlerDevice:
@@ -84,7 +73,8 @@ class HandlerDevice:
         for lid, view in caches.values():
             for i, p in enumerate((Pool.K, Pool.V)):
                 self._where[view[i].data_ptr()] = (p, lid, True)
-        self._torch, self._ops = _Torch(self), SimpleNamespace(swap_blocks=self._swap_blocks)
+        self._torch = _Torch(self, StreamsOf(self, "offload", torch.cuda))
+        self._ops = SimpleNamespace(swap_blocks=self._swap_blocks)
         self.op: LoadOp | None = None  # the load op the next load copies belong to
         self._paused: set[int] = set()
         self.loads = self.stores = 0  # harness copies, each way
@@ -98,15 +88,8 @@ class HandlerDevice:
         for i, p in enumerate((Pool.K, Pool.V)):
             self._where[t[i].data_ptr()] = (p, self._layers[n], False)
 
-    @contextlib.contextmanager
-    def patched(self) -> Iterator[None]:
-        m = self.module
-        saved = m.torch, m.ops
-        m.torch, m.ops = self._torch, self._ops
-        try:
-            yield
-        finally:
-            m.torch, m.ops = saved
+    def patched(self) -> contextlib.AbstractContextManager:
+        return patched(self.module, {"torch": self._torch, "ops": self._ops})
 
     def begin_load(self, op: LoadOp | None) -> None:
         """The load op the next load copies belong to (its fault, its events); None: none."""

@@ -46,22 +46,21 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from harness.devices.base import Device, Event, Gate, Stream, dtype_of
+from harness.devices.base import Device, Gate, Stream, dtype_of
 from harness.engines.vllm_pools import device_view, layout_backend, plain
+from harness.engines.vllm_stand_ins import HostCopyTorch, StreamsOf, host_view, patched
 from harness.faults.plan import FaultPlan
 from harness.protocol.layout import Layout
 from harness.protocol.pools import HybridPool
 from harness.protocol.writeback import HostBackup, TransferPolicy, WriteBack, WriteOp
 from harness.records.errors import EngineContractBroken
 from harness.records.trace import Pool, Region
-
-_Stream = Stream  # `StreamsOf.Stream` shadows the class inside it
 
 CPU_GPU = "vllm.v1.kv_offload.worker.cpu_gpu"
 WORKER = "vllm.v1.kv_offload.worker.worker"
@@ -72,58 +71,6 @@ NEEDED = {
              "OffloadingWorker.get_finished"),
     MEDIUMS: ("GPULoadStoreSpec", "CPULoadStoreSpec"),
 }
-
-
-class StreamsOf:
-    """The stream names vLLM's offloading code reaches (`torch.cuda`'s in the handlers' module,
-    `current_platform`'s in the worker's) on the harness device: the streams it makes (named
-    `{prefix}-N`, kept in `owner.streams`), the compute stream as it sees it (the current one, or
-    `owner.idle` where the scenario removes vLLM's wait) and the last stream it entered
-    (`owner.last_stream`); every other name is `fallback`'s."""
-
-    def __init__(self, owner: Any, prefix: str, fallback: Any):
-        self._o, self._prefix, self._fallback = owner, prefix, fallback
-
-    def Stream(self, *args: Any, **kwargs: Any) -> Stream:  # noqa: N802 - torch.cuda.Stream
-        o = self._o
-        s = o.dev.Stream(f"{self._prefix}-{len(o.streams)}")
-        o.streams.append(s)
-        return s
-
-    def current_stream(self, *args: Any) -> _Stream:
-        o = self._o
-        return o.dev.current_stream() if o.waits_on_compute else o.idle
-
-    @contextlib.contextmanager
-    def stream(self, s: _Stream) -> Iterator[None]:
-        self._o.last_stream = s
-        with self._o.dev.stream(s):
-            yield
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._fallback, name)
-
-
-class _Torch:
-    """`torch` as the handler module reaches it: the harness's streams, events and host memory,
-    every other name torch's own."""
-
-    def __init__(self, offload: VllmOffload):
-        self._o = offload
-        self.cuda = StreamsOf(offload, "offload", torch.cuda)
-
-    def Event(self, *args: Any, **kwargs: Any) -> Event:  # noqa: N802 - torch.Event
-        e = self._o.dev.Event()
-        e.elapsed_time = lambda other: 0.0  # type: ignore[attr-defined]  # the statistics only
-        return e
-
-    def zeros(self, shape: Sequence[int], *args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
-        if str(device) != "cpu":
-            return torch.zeros(shape, *args, device=device, **kwargs)
-        return self._o.next_host_tensor(tuple(shape))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
 
 
 class VllmOffload(WriteBack):
@@ -151,7 +98,8 @@ class VllmOffload(WriteBack):
         self.waits_on_compute = True
         self.last_stream: Stream | None = None
         self._host_views = iter([buf[:, a].unsqueeze(2) for a in range(n_a)])
-        self._torch, self._ops = _Torch(self), SimpleNamespace(swap_blocks=self._swap_blocks)
+        self._torch = HostCopyTorch(self, StreamsOf(self, "offload", torch.cuda))
+        self._ops = SimpleNamespace(swap_blocks=self._swap_blocks)
         # Where each tensor vLLM hands swap_blocks lives: (pool, layer, on the device).
         self._where: dict[int, tuple[str, int, bool]] = {}
         for lid in s.attention_layers:
@@ -174,21 +122,10 @@ class VllmOffload(WriteBack):
         self.copies = 0
 
     def next_host_tensor(self, shape: tuple[int, ...]) -> torch.Tensor:
-        view = next(self._host_views, None)
-        if view is None or tuple(view.shape) != shape:
-            raise EngineContractBroken(f"vLLM's offloading handlers asked for a CPU tensor of shape {shape}, not the "
-                                       "harness's host copy of one layer")
-        return view
+        return host_view(self._host_views, shape, "vLLM's offloading handlers")
 
-    @contextlib.contextmanager
-    def _patched(self) -> Iterator[None]:
-        m = self.cpu_gpu
-        saved = m.torch, m.ops
-        m.torch, m.ops = self._torch, self._ops
-        try:
-            yield
-        finally:
-            m.torch, m.ops = saved
+    def _patched(self) -> contextlib.AbstractContextManager:
+        return patched(self.cpu_gpu, {"torch": self._torch, "ops": self._ops})
 
     # ---- the copy primitive ------------------------------------------------------------------
     def _swap_blocks(self, src: torch.Tensor, dst: torch.Tensor, *args: Any) -> None:

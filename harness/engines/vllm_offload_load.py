@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -49,8 +49,8 @@ from typing import Any
 import torch
 
 from harness.devices.base import Device, Event, Gate, Stream, dtype_of
-from harness.engines.vllm_offload import StreamsOf
 from harness.engines.vllm_pools import DeviceMemory, VllmPools, plain
+from harness.engines.vllm_stand_ins import PageRanges, StreamsOf, TorchOf, patched
 from harness.faults.plan import FaultPlan
 from harness.protocol.layout import Layout
 from harness.protocol.pools import HostPool
@@ -82,19 +82,6 @@ def available() -> bool:
         (Path(p) / "gpu_worker.py").is_file() for p in package.submodule_search_locations)
 
 
-class _Torch:
-    def __init__(self, load: VllmOffloadLoad):
-        self._o = load
-
-    def Event(self, *args: Any, **kwargs: Any) -> Event:  # noqa: N802 - torch.Event
-        e = self._o.dev.Event()
-        e.elapsed_time = lambda other: 0.0  # type: ignore[attr-defined]  # the statistics only
-        return e
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
-
-
 class VllmOffloadLoad:
     """vLLM's CPU offloading worker over the scenario's KV caches; `start` is one load op."""
 
@@ -120,7 +107,7 @@ class VllmOffloadLoad:
         tensors = [base.CanonicalKVCacheTensor(tensor=self._device_view(t), page_size_bytes=self.page)
                    for _, _, t in self.parts]
         refs = [[base.CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=self.page) for i in range(len(self.parts))]]
-        self._torch, self._ops = _Torch(self), SimpleNamespace(swap_blocks_batch=self._swap_blocks_batch)
+        self._torch, self._ops = TorchOf(self), SimpleNamespace(swap_blocks_batch=self._swap_blocks_batch)
         with self._patched():
             self.worker = self.gw.CPUOffloadingWorker(base.CanonicalKVCaches(tensors=tensors, group_data_refs=refs),
                                                       1, max(layout.total_prefix, 1))
@@ -132,8 +119,11 @@ class VllmOffloadLoad:
             self.cpu[i][: layout.total_prefix].copy_(data.reshape(layout.total_prefix, -1).view(torch.int8))
         self.gpu_spec, self.cpu_spec = base.GPULoadStoreSpec, common.CPULoadStoreSpec
         # byte ranges of every tensor vLLM's descriptors point into: (base, rows, part, on the device)
-        self._ranges = [(t.data_ptr(), t.shape[0], i, False) for i, t in enumerate(self.cpu)]
-        self._ranges += [(t.data_ptr(), t.shape[0], i, True) for i, (_, _, t) in enumerate(self.parts)]
+        self._ranges = PageRanges(self.page)
+        for i, t in enumerate(self.cpu):
+            self._ranges.add(t, t.shape[0], i, False)
+        for i, (_, _, t) in enumerate(self.parts):
+            self._ranges.add(t, t.shape[0], i, True)
         loaded = [r for r in layout.requests if len(r.prefix)]
         self.gpu_blocks = [slot for r in loaded for slot in r.prefix]
         self.cpu_blocks = [r.host_offset + i for r in loaded for i in range(len(r.prefix))]
@@ -146,32 +136,16 @@ class VllmOffloadLoad:
     def _device_view(t: torch.Tensor) -> torch.Tensor:
         return t if t.is_cuda else t.as_subclass(DeviceMemory)
 
-    @contextlib.contextmanager
-    def _patched(self) -> Iterator[None]:
-        m = self.gw
-        saved = m.torch, m.ops, m.current_platform, m.PIN_MEMORY, m.HAS_TRITON
-        m.torch, m.ops, m.current_platform, m.PIN_MEMORY, m.HAS_TRITON = (
-            self._torch, self._ops, StreamsOf(self, "offload-load", self.platform), False, False)
-        try:
-            yield
-        finally:
-            m.torch, m.ops, m.current_platform, m.PIN_MEMORY, m.HAS_TRITON = saved
-
-    def _where(self, ptr: int) -> tuple[int, int, bool]:
-        """(part, row, on the device) of a descriptor's byte pointer."""
-        for start, rows, part, on_dev in self._ranges:
-            if start <= ptr < start + self.page * rows:
-                if (ptr - start) % self.page:
-                    raise EngineContractBroken("vLLM's copy descriptor points inside a page")
-                return part, (ptr - start) // self.page, on_dev
-        raise EngineContractBroken("vLLM's copy descriptor points into memory the harness did not register")
+    def _patched(self) -> contextlib.AbstractContextManager:
+        return patched(self.gw, {"torch": self._torch, "ops": self._ops, "PIN_MEMORY": False, "HAS_TRITON": False,
+                                 "current_platform": StreamsOf(self, "offload-load", self.platform)})
 
     # ---- the copy primitive ------------------------------------------------------------------
     def _swap_blocks_batch(self, src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor, *args: Any,
                            **kwargs: Any) -> None:
         """vLLM's batched copy: each run of consecutive pages one copy, the fault where a layer begins."""
         triples = zip(src.tolist(), dst.tolist(), sizes.tolist(), strict=True)
-        ops = [(self._where(s), self._where(d), n) for s, d, n in triples]
+        ops = [(self._ranges.where(s), self._ranges.where(d), n) for s, d, n in triples]
         i = 0
         while i < len(ops):
             (sp, s0, s_dev), (dp, d0, d_dev), size = ops[i]

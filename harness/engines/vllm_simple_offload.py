@@ -48,17 +48,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
 
-from harness.devices.base import Device, Event, Gate, Stream, dtype_of
+from harness.devices.base import Device, Gate, Stream, dtype_of
 from harness.engines.engine import construct
-from harness.engines.vllm_offload import StreamsOf
 from harness.engines.vllm_pools import plain
+from harness.engines.vllm_stand_ins import HostCopyTorch, StreamsOf, host_view, patched
 from harness.faults.plan import FaultPlan
 from harness.protocol.layout import Layout
 from harness.protocol.pools import HybridPool
@@ -101,25 +101,6 @@ class _Streams(StreamsOf):
                 return 0, -1
 
         self.Stream = Streams()  # type: ignore[method-assign]
-
-
-class _Torch:
-    def __init__(self, owner: VllmSimpleOffload):
-        self._o = owner
-        self.cuda = _Streams(owner)
-
-    def Event(self, *args: Any, **kwargs: Any) -> Event:  # noqa: N802 - torch.Event
-        e = self._o.dev.Event()
-        e.elapsed_time = lambda other: 0.0  # type: ignore[attr-defined]  # the statistics only
-        return e
-
-    def zeros(self, shape: Sequence[int], *args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
-        if str(device) != "cpu":
-            return torch.zeros(shape, *args, device=device, **kwargs)
-        return self._o.next_host_tensor(tuple(shape))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
 
 
 class _Platform:
@@ -173,7 +154,7 @@ class VllmSimpleOffload(WriteBack):
                 self._ranges.append((buf[i, a].data_ptr(), t, p, lid, False, buf[i, a]))
         self.worker_mod, self.backend_mod = engine.module(WORKER), engine.module(BACKEND)
         self.mem_ops, self.metadata = engine.module(MEM_OPS), engine.module(METADATA)
-        self._torch, self._platform = _Torch(self), _Platform()
+        self._torch, self._platform = HostCopyTorch(self, _Streams(self)), _Platform()
         self._threading = SimpleNamespace(Thread=self._thread)
         self._loop: tuple[Any, tuple[Any, ...]] | None = None  # the copy thread vLLM started: its loop and arguments
         bpb = 2 * self.page  # K and V of a layer, a block of one slot
@@ -187,11 +168,7 @@ class VllmSimpleOffload(WriteBack):
 
     # ---- what the harness supplies -------------------------------------------------------------
     def next_host_tensor(self, shape: tuple[int, ...]) -> torch.Tensor:
-        view = next(self._host_views, None)
-        if view is None or tuple(view.shape) != shape:
-            raise EngineContractBroken(f"SimpleCPUOffloadConnector's worker asked for a CPU tensor of shape {shape}, "
-                                       "not the harness's host copy of one layer's K or V")
-        return view
+        return host_view(self._host_views, shape, "SimpleCPUOffloadConnector's worker")
 
     def _thread(self, target: Any, args: tuple[Any, ...] = (), **kwargs: Any) -> Any:
         """`threading.Thread(target=DmaCopyBackend._copy_loop, args=(queue, ...))`: kept, not started."""
@@ -207,27 +184,16 @@ class VllmSimpleOffload(WriteBack):
 
     @contextlib.contextmanager
     def _patched(self) -> Iterator[None]:
-        w, b, m = self.worker_mod, self.backend_mod, self.mem_ops
-        saved: list[tuple[Any, str, Any]] = []
-
-        def put(module: Any, name: str, value: Any) -> None:
-            if hasattr(module, name):
-                saved.append((module, name, getattr(module, name)))
-                setattr(module, name, value)
-
-        put(w, "torch", self._torch)
-        put(w, "PIN_MEMORY", False)  # 0.24.0 on
-        put(w, "is_pin_memory_available", lambda: False)  # before 0.24.0
-        put(b, "torch", self._torch)
-        put(b, "threading", self._threading)
-        put(b, "current_platform", self._platform)
-        put(m, "current_platform", self._platform)
-        put(m, "_batch_memcpy_fn", self._batch_memcpy)
-        try:
+        with contextlib.ExitStack() as stack:
+            # PIN_MEMORY from 0.24.0 on, is_pin_memory_available before: each release has one of them.
+            stack.enter_context(patched(self.worker_mod, {"torch": self._torch, "PIN_MEMORY": False,
+                                                          "is_pin_memory_available": lambda: False},
+                                        where_present=True))
+            stack.enter_context(patched(self.backend_mod, {"torch": self._torch, "threading": self._threading,
+                                                           "current_platform": self._platform}, where_present=True))
+            stack.enter_context(patched(self.mem_ops, {"current_platform": self._platform,
+                                                       "_batch_memcpy_fn": self._batch_memcpy}, where_present=True))
             yield
-        finally:
-            for module, name, value in reversed(saved):
-                setattr(module, name, value)
 
     def _where(self, ptr: int) -> tuple[str, int, int, bool, torch.Tensor]:
         for base, rows, p, lid, on_dev, t in self._ranges:

@@ -26,16 +26,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from harness.devices.base import Device, Event, Gate, Stream, dtype_of
-from harness.engines.vllm_offload import StreamsOf
+from harness.devices.base import Device, Gate, Stream, dtype_of
 from harness.engines.vllm_offload_load import BASE, COMMON, GPU_WORKER
 from harness.engines.vllm_pools import DeviceMemory, plain
+from harness.engines.vllm_stand_ins import HostCopyTorch, PageRanges, StreamsOf, host_view, patched
 from harness.faults.plan import FaultPlan
 from harness.protocol.layout import Layout
 from harness.protocol.pools import HybridPool
@@ -50,24 +49,6 @@ NEEDED = {
     BASE: ("CanonicalKVCacheTensor", "CanonicalKVCacheRef", "CanonicalKVCaches", "GPULoadStoreSpec"),
     COMMON: ("CPULoadStoreSpec",),
 }
-
-
-class _Torch:
-    def __init__(self, owner: VllmWorkerStore):
-        self._o = owner
-
-    def Event(self, *args: Any, **kwargs: Any) -> Event:  # noqa: N802 - torch.Event
-        e = self._o.dev.Event()
-        e.elapsed_time = lambda other: 0.0  # type: ignore[attr-defined]  # the statistics only
-        return e
-
-    def zeros(self, shape: Sequence[int], *args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
-        if str(device) != "cpu":
-            return torch.zeros(shape, *args, device=device, **kwargs)
-        return self._o.next_host_tensor(tuple(shape))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
 
 
 class VllmWorkerStore(WriteBack):
@@ -105,9 +86,11 @@ class VllmWorkerStore(WriteBack):
         tensors = [base.CanonicalKVCacheTensor(tensor=d if d.is_cuda else d.as_subclass(DeviceMemory),
                                                page_size_bytes=self.page) for _, _, d, _ in self.parts]
         refs = [[base.CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=self.page) for i in range(len(self.parts))]]
-        self._ranges = [(d.data_ptr(), d.shape[0], i, True) for i, (_, _, d, _) in enumerate(self.parts)]
-        self._ranges += [(h.data_ptr(), t, i, False) for i, (_, _, _, h) in enumerate(self.parts)]
-        self._torch = _Torch(self)
+        self._ranges = PageRanges(self.page)
+        for i, (_, _, d, h) in enumerate(self.parts):
+            self._ranges.add(d, d.shape[0], i, True)
+            self._ranges.add(h, t, i, False)
+        self._torch = HostCopyTorch(self)
         self._ops = SimpleNamespace(swap_blocks_batch=self._swap_blocks_batch)
         with self._patched():
             self.worker = self.gw.CPUOffloadingWorker(base.CanonicalKVCaches(tensors=tensors, group_data_refs=refs),
@@ -116,35 +99,16 @@ class VllmWorkerStore(WriteBack):
         self.jobs = itertools.count(1)
 
     def next_host_tensor(self, shape: tuple[int, ...]) -> torch.Tensor:
-        view = next(self._host_views, None)
-        if view is None or tuple(view.shape) != shape:
-            raise EngineContractBroken(f"vLLM's offloading worker asked for a CPU tensor of shape {shape}, not the "
-                                       "harness's host copy of one layer's K or V")
-        return view
+        return host_view(self._host_views, shape, "vLLM's offloading worker")
 
-    @contextlib.contextmanager
-    def _patched(self) -> Iterator[None]:
-        m = self.gw
-        saved = m.torch, m.ops, m.current_platform, m.PIN_MEMORY, m.HAS_TRITON
-        m.torch, m.ops, m.current_platform, m.PIN_MEMORY, m.HAS_TRITON = (
-            self._torch, self._ops, StreamsOf(self, "offload-store", self.platform), False, False)
-        try:
-            yield
-        finally:
-            m.torch, m.ops, m.current_platform, m.PIN_MEMORY, m.HAS_TRITON = saved
-
-    def _where(self, ptr: int) -> tuple[int, int, bool]:
-        for start, rows, part, on_dev in self._ranges:
-            if start <= ptr < start + self.page * rows:
-                if (ptr - start) % self.page:
-                    raise EngineContractBroken("vLLM's copy descriptor points inside a page")
-                return part, (ptr - start) // self.page, on_dev
-        raise EngineContractBroken("vLLM's copy descriptor points into memory the harness did not register")
+    def _patched(self) -> contextlib.AbstractContextManager:
+        return patched(self.gw, {"torch": self._torch, "ops": self._ops, "PIN_MEMORY": False, "HAS_TRITON": False,
+                                 "current_platform": StreamsOf(self, "offload-store", self.platform)})
 
     def _swap_blocks_batch(self, src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor, *args: Any,
                            is_src_access_order_any: bool = False, **kwargs: Any) -> None:
         """vLLM's batched copy of a store: each run of consecutive pages one copy to the host."""
-        ops = [(self._where(s), self._where(d), n)
+        ops = [(self._ranges.where(s), self._ranges.where(d), n)
                for s, d, n in zip(src.tolist(), dst.tolist(), sizes.tolist(), strict=True)]
         issued = self.dev.current_stream()
         with self.dev.stream(self.any_order if is_src_access_order_any else issued):
