@@ -25,6 +25,7 @@ this module.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -48,6 +49,15 @@ FACTORY = re.compile(r"aten::(new_.*|.*_like)$")  # factories that take a tensor
 # allocator may have handed out with a freed owner's accesses still pending: only the first
 # kernel that writes it (a fill, a copy) can race with those.
 ALLOCATES_ONLY = re.compile(r"aten::(empty|empty_strided|empty_permuted|empty_like|new_empty|new_empty_strided)$")
+
+
+@functools.cache
+def _factory_kind(name: str) -> tuple[bool, bool]:
+    """(takes a tensor for its metadata only, only allocates) for an operator's schema name: once per
+    operator, not once per call (the tap sees every operation)."""
+    return bool(FACTORY.match(name)), bool(ALLOCATES_ONLY.match(name))
+
+
 RECORD_STREAM = aten.record_stream.default  # not a kernel: the allocator's note that a stream uses a block
 # Reads that hand a device value to the host as a Python scalar: the host waits for the stream.
 SCALAR_READS = {aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default}
@@ -144,8 +154,7 @@ class OpWatch(TorchDispatchMode):
             self._record_stream(*args, **kwargs)
             return func(*args, **kwargs)
         schema = func._schema
-        factory = bool(FACTORY.match(schema.name))
-        allocates_only = bool(ALLOCATES_ONLY.match(schema.name))
+        factory, allocates_only = _factory_kind(schema.name)
         found: dict[Span, list] = {}  # span -> [is_write, base, argument names]
 
         def note(value: Any, is_write: bool, metadata_only: bool, name: str) -> None:
