@@ -261,11 +261,11 @@ class StagingRing:
     over with each replay. Before it refills a buffer, the engine's way waits for the copies that
     last read it (`mark_read`); the one-buffer variant rewrites it in place at once.
 
-    Within a replay that is the transfer path under test. Across replays it is not: the replay
-    loop runs a batch of replays ahead of the device, so without `start_over`'s wait the next
-    replay's refill reached the previous replay's pending next-batch copies, and that replay's
-    final state read this batch's bytes (on an H200, 15 to 55 of 60 replays; none with one
-    replay a batch or with the wait; the simulator, whose host never ran that far ahead, 0).
+    Within a replay that is the transfer path under test. Across replays it is not: a replay loop
+    that ran a batch of replays ahead of the device let the next replay's refill reach the previous
+    replay's pending next-batch copies, and that replay's final state read this batch's bytes (on
+    an H200, 15 to 55 of 60 replays). A hazard whose preparation the host writes therefore runs one
+    replay a batch (`harness.run.replay.Replayer`): each replay starts once the last has finished.
     """
 
     def __init__(self, dev: Device, layout: Layout, pool: HybridPool, first: HostPool, timeout_s: float = 30.0):
@@ -276,12 +276,8 @@ class StagingRing:
         self.next = 0
 
     def start_over(self) -> None:
-        """A new replay: the ring starts at buffer 0 once no copy of an earlier replay still reads
-        any buffer (whatever the policy: this is the harness's set-up, not the engine's transfer)."""
-        for i, last in enumerate(self.read_by):
-            if last is not None and not self.dev.host_wait(last, self.timeout_s):
-                raise ReplayTimeout(f"staging buffer {i}'s copies of the previous replay did not finish "
-                                    f"within {self.timeout_s:g}s")
+        """A new replay: the ring starts at buffer 0 (no copy of the last replay still reads one: the
+        replay loop runs this hazard one replay a batch)."""
         self.next = 0
 
     def fill(self, data: HostPool, what: str, policy: TransferPolicy) -> int:

@@ -232,21 +232,6 @@ def test_only_the_write_back_hazards_build_a_write_back():
     assert bed(Hazard.RAW).writeback is None
 
 
-@pytest.mark.parametrize("transfer", ["engine", "single_staging"])
-def test_a_replay_starts_over_once_no_copy_of_the_last_one_reads_a_staging_buffer(transfer):
-    # The replay loop runs ahead of the device: a refill for the next replay must not reach the
-    # copies of the last one (on an H200 it did, and their final state read the wrong batch).
-    tb = bed(Hazard.STAGING, transfer)
-    ring = tb.hazard.ring
-    with tb.dev.stream(tb.load):
-        tb.dev.delay(5000.0)  # the last replay's copies, still pending
-    ring.mark_read(0, tb.load)
-    last = ring.read_by[0]
-    assert last is not None and not last.query()
-    ring.start_over()
-    assert last.query() and ring.next == 0
-
-
 # ---- the kill matrix's write-back rows on the simulator -----------------------------
 
 OWN_KIND = {Hazard.STORE: RaceKind.STORE_BEFORE_COMPUTE, Hazard.REUSE: RaceKind.REUSE_BEFORE_BACKUP,

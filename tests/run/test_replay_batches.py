@@ -15,7 +15,18 @@ from harness.devices.sim import SimDevice
 from harness.model.arena import arena_layout
 from harness.model.stack import ProbeSet
 from harness.protocol.layout import plan_layout
-from harness.records.scenario import Backend, DType, Expect, Fault, FaultKind, ModelShape, Pace, Request, Scenario
+from harness.records.scenario import (
+    Backend,
+    DType,
+    Expect,
+    Fault,
+    FaultKind,
+    Hazard,
+    ModelShape,
+    Pace,
+    Request,
+    Scenario,
+)
 from harness.run.oracle import Oracle
 from harness.run.pipeline import run_scenario
 from harness.run.replay import Replayer, ground_truth
@@ -127,3 +138,17 @@ def test_a_caller_that_stops_early_leaves_the_loop_at_row_zero(odd_skip):
     gen.close()
     assert r.observer.rows == 0
     assert [v.stale for v in r.replays(range(10), Fault())] == [i % 2 == 1 for i in range(10)]
+
+
+@pytest.mark.parametrize("hazard", [Hazard.RAW, Hazard.STORE, Hazard.REUSE, Hazard.FORWARD_OVER_BACKUP,
+                                    Hazard.STAGING])
+def test_a_hazard_the_host_prepares_checks_one_replay_per_batch(hazard):
+    # The host poisons a write-back's host copy and refills a staging buffer as it enqueues a replay:
+    # a replay queued behind others would rewrite what the previous replay's copies and look still
+    # read (on the simulator with calibrated costs, writeback-store-no_write_fence read right bytes
+    # in a batch's later replays, where the GPU read poison in every one).
+    tb = Testbed(scenario(hazard=hazard, transfer=None if hazard is Hazard.RAW else "engine"), SimDevice())
+    oracle = ground_truth(tb, 30.0)
+    replay = Replayer(tb, tb.runner(Backend.FULL), 30.0, None, oracle)
+    assert replay.observer.batch == (64 if tb.hazard.prepares_on_device else 1)
+    assert (replay.observer.batch == 1) == (hazard is not Hazard.RAW)
