@@ -182,10 +182,17 @@ class _Gating:
         # Held where the harness knows (a schedule that holds it unseen is the watchdog's). Held before
         # the preparation, it is the load op that must land first.
         if self.on_forward or self.on_hazard or self.on_compute or (op is not None and op.held):
-            landed = (racing.finish_event if racing is not None else op.finish_event if self.on_compute and op
-                      else self.tb.ran)
-            self.tb.dev.host_wait(landed, self.hold_s)
+            self.tb.dev.host_wait(self._must_run_first(op, racing), self.hold_s)
             self.gate.release()
+
+    def _must_run_first(self, op: LoadOp | None, racing: Racing | None) -> Event:
+        """What a correct fence lets run before the held side: the hazard's racing work, else the load
+        op (held before the preparation), else the forward."""
+        if racing is not None:
+            return racing.finish_event
+        if self.on_compute and op is not None:
+            return op.finish_event
+        return self.tb.ran
 
     def release(self) -> None:
         self.gate.release()
