@@ -486,7 +486,7 @@ def draw(doc: dict) -> Figures:
     except ImportError as e:
         # A GPU runner with only torch installed still gets its tables.
         return Figures(missing=str(e))
-    drawn = ((s["name"], plots.timeline_png(s["name"], s.get("timeline"))) for s in doc["scenarios"])
+    drawn = plots.timeline_pngs({s["name"]: s.get("timeline") for s in doc["scenarios"]}).items()
     return Figures(detection=plots.detection_png(doc["scenarios"]),
                    kill_matrix=plots.kill_matrix_png(doc.get("mutants")),
                    fence_cost=plots.fence_cost_png(doc.get("bench")),

@@ -13,7 +13,11 @@ marker first so each stays visible over the others.
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from io import BytesIO
 
@@ -412,6 +416,30 @@ def _timeline_legend(spans: list[dict], stale: bool, backup_stale: bool = False)
 
 def timeline_png(name: str, timeline: dict | None) -> bytes | None:
     return _png_of(timeline_figure(name, timeline))
+
+
+# A timeline takes matplotlib a few hundred milliseconds to lay out and render, and a gate run has
+# dozens (over ten seconds, one after another): from this many on they are drawn in worker processes.
+PARALLEL_TIMELINES = 8
+
+
+def timeline_pngs(timelines: dict[str, dict | None]) -> dict[str, bytes | None]:
+    """`timeline_png` of each (name -> timeline), the same bytes in the same order, drawn side by
+    side in spawned processes when there are many (spawned, not forked: the caller may hold a CUDA
+    context, which a forked child must not inherit)."""
+    jobs = {name: t for name, t in timelines.items() if t and t.get("spans")}
+    workers = min(len(jobs), os.cpu_count() or 1)
+    drawn: dict[str, bytes | None] = dict.fromkeys(timelines)
+    if len(jobs) >= PARALLEL_TIMELINES and workers > 1:
+        try:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                chunk = -(-len(jobs) // workers)  # one batch a worker: each pays its start-up once
+                drawn.update(zip(jobs, pool.map(timeline_png, jobs, jobs.values(), chunksize=chunk), strict=True))
+            return drawn
+        except (OSError, BrokenProcessPool):
+            pass  # a host that cannot start processes: drawn here instead
+    drawn.update((name, timeline_png(name, t)) for name, t in jobs.items())
+    return drawn
 
 
 def timeline_figure(name: str, timeline: dict | None) -> Figure | None:

@@ -11,11 +11,14 @@ from matplotlib.colors import to_hex
 
 from harness.report.plots import (
     MIN_BAR_PX,
+    PARALLEL_TIMELINES,
     SPAN_STYLES,
     detection_figure,
     fence_cost_figure,
     sweep_panels,
     timeline_figure,
+    timeline_png,
+    timeline_pngs,
 )
 from harness.report.schema import SPAN_KINDS, load
 from tests.support.paths import ROOT
@@ -185,3 +188,11 @@ def test_every_span_kind_has_a_style_of_its_own():
     assert set(SPAN_KINDS.values) == set(SPAN_STYLES)
     looks = {(s.colour, s.hatch, s.marker) for s in SPAN_STYLES.values()}
     assert len(looks) == len(SPAN_STYLES)
+
+
+def test_many_timelines_drawn_side_by_side_are_the_bytes_drawn_one_by_one():
+    timelines = {f"t{i}": {**TIMELINE, "stale_layers": [i % 2]} for i in range(PARALLEL_TIMELINES)}
+    timelines["none"] = None  # a scenario without a timeline keeps its place, with no picture
+    drawn = timeline_pngs(timelines)
+    assert list(drawn) == list(timelines) and drawn["none"] is None
+    assert all(drawn[n] == timeline_png(n, t) for n, t in timelines.items() if t)
