@@ -133,7 +133,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     points = points_named(names)
     print(f"device: {dev.name}  points: {len(points)}  repeats: {args.repeats} (+{args.warmup} warm-up)")
     started, rows = time.time(), []
-    for point in points:
+    for done, point in enumerate(points, 1):
         res = bench_point(dev, point, args.repeats, args.warmup, args.timeout, arms)
         rows += res.rows()
         ld, cp = res.stats["load"], res.stats["compute"]
@@ -146,8 +146,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"  {row['strategy']:30s} {row['median_ms']:8.3f} ms [{row['p25_ms']:.3f}-{row['p75_ms']:.3f}]  "
                   f"x{row['ratio_to_bound']:.2f} of bound  {unf}  forward starts at {row['forward_start_ms']:.3f} ms",
                   flush=True)
-        # After every point (atomically): a sweep stopped part way still leaves the points it measured.
-        doc = build_results([], dev.describe(), started, time.time(), {"bench": {"points": rows, "clock": dev.clock}})
+        # After every point (atomically): a sweep stopped part way still leaves the points it
+        # measured, marked partial until the last one is in.
+        sections: dict = {"bench": {"points": rows, "clock": dev.clock}}
+        if done < len(points):
+            sections["partial"] = True
+        doc = build_results([], dev.describe(), started, time.time(), sections)
         path = write_results(args.out, doc)
     write_report(doc, args.out)
     print(f"\nresults: {path}")

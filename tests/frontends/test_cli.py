@@ -162,3 +162,30 @@ def test_bench_writes_the_report_next_to_its_results(tmp_path, monkeypatch):
     assert REPORT_FILES <= {p.name for p in out.iterdir()}
     doc = json.loads((out / "results.json").read_text())
     assert [p["strategy"] for p in doc["bench"]["points"]] == ["final_event"]
+
+
+def test_a_bench_stopped_between_points_leaves_the_points_it_measured_marked_partial(tmp_path, monkeypatch):
+    from harness.studies import fence_cost as benchmark
+
+    monkeypatch.setitem(benchmark.POINT_SETS, "two", lambda: [benchmark.Point("attention", 2, 64, 4),
+                                                              benchmark.Point("attention", 2, 128, 4)])
+    measure = benchmark.bench_point
+    calls = []
+
+    def stopped_at_the_second(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # what SIGTERM becomes in the command line
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(benchmark, "bench_point", stopped_at_the_second)
+    out = tmp_path / "bench"
+    args = ["bench", "--device", "sim", "--points", "two", "--repeats", "2", "--warmup", "1",
+            "--arm", "final_event", "--out", str(out)]
+    assert main(args) == 130
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["partial"] is True and [p["prefix"] for p in doc["bench"]["points"]] == [64]
+    monkeypatch.setattr(benchmark, "bench_point", measure)
+    assert main(args) == 0  # run to the end: the same file, whole
+    doc = json.loads((out / "results.json").read_text())
+    assert "partial" not in doc and [p["prefix"] for p in doc["bench"]["points"]] == [64, 128]

@@ -19,14 +19,10 @@ SAMPLES = ROOT / "reports" / "samples"
 # Samples known to be stale, by the commit they record: each fails both checks below, as an expected
 # failure (strict: a sample regenerated on today's files must leave this list, or it fails), until
 # a GPU run of the final build replaces it (docs/results.md#sample-reports names the commands).
-# These predate the gate's sets, the kill matrix's later rows and path-free command lines.
-STALE = {"7fb9eaadd274ccd9b2518255f47797c282fbbdd9"}
+STALE: set[str] = set()
 # Samples of today's scenario files that still name the folder of the machine that made them, by
 # commit: the path check alone is their expected failure (strict), until they are regenerated.
-# f5abe26's: each scenario's `definition.source` and the JUnit file's skip lines named the GPU
-# host's checkout (results.json now records the file as `shown_path` does, and the pytest items
-# report their file relative to the working directory).
-NAME_THEIR_HOST = {"f5abe263af8f35e746b2b9ca6a5f7ec58369b2ec"}
+NAME_THEIR_HOST: set[str] = set()
 
 
 def _runs(scenario_runs_only: bool) -> list:

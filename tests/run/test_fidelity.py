@@ -78,7 +78,15 @@ def test_the_verdicts_come_from_a_gpu_and_cover_every_scenario():
 
 # Disagreements found and not yet fixed in the model, each with its cause; strict, so a fix that
 # makes one agree fails here until its entry goes.
-KNOWN: dict[str, str] = {}  # name -> why the simulator and the GPU disagree (a strict expected failure)
+KNOWN: dict[str, str] = {  # name -> why the simulator and the GPU disagree (a strict expected failure)
+    "small-hybrid-war-no_start_wait": (
+        "layer 0: stale in every simulated replay, in 0 of 100 on the H200 (layers 1-3 agree). In the "
+        "simulator the forward stream reaches the replay about 200 us after the next batch's unwaited "
+        "layer-0 copy has landed: the harness's own kernels between replays (poison, the final-state "
+        "look, compare) cost access_us (79 us) of device time each, one launch each. On the GPU each is "
+        "many small torch ops, whose cost falls on the host's enqueue more than on the device (not yet "
+        "measured op by op)"),
+}
 
 
 @pytest.mark.parametrize("entry", [
