@@ -344,7 +344,12 @@ class CudaDevice(Device):
         return s
 
     def Stream(self, name: str) -> CudaStream:  # noqa: N802
-        s = self._wrap(torch.cuda.Stream(self.torch_device), name)
+        # Always a new stream of the harness's, with this name: torch hands the CUDA streams of its
+        # pool out again (round robin), so a later testbed's stream can be one an earlier testbed
+        # wrapped under another name; the newest wrapper answers for that CUDA stream from now on.
+        raw = torch.cuda.Stream(self.torch_device)
+        s = self._streams[raw.cuda_stream] = CudaStream(self, raw, name)
+        self._name_stream(s)
         self._owned.add(s)
         return s
 
