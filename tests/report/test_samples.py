@@ -23,6 +23,11 @@ STALE: set[str] = set()
 # Samples of today's scenario files that still name the folder of the machine that made them, by
 # commit: the path check alone is their expected failure (strict), until they are regenerated.
 NAME_THEIR_HOST: set[str] = set()
+# Samples whose GPU timelines merge two streams into one lane, by commit: the lane check below is
+# their expected failure (strict). At 9c9e7d7 the CUDA device named a stream by the wrapper it had
+# made for that CUDA stream in an earlier testbed (torch hands its pooled streams out again), so a
+# later testbed's forward and load streams could carry one name.
+LANES_MERGED = {"9c9e7d7b29a7ca4345e8ec2abd37ecabb964f480"}
 
 
 def _runs(scenario_runs_only: bool) -> list:
@@ -101,3 +106,52 @@ def test_a_sample_names_no_folder_of_the_machine_that_made_it(run):
         text = path.read_text(encoding="utf-8", errors="replace")
         found = sorted(set(MACHINE_PATH.findall(text)))
         assert not found, f"{path.relative_to(ROOT)}: {found}"
+
+
+def overlapping(timeline: dict, tolerance_us: float = 0.5) -> list[tuple[str, str, str]]:
+    """(lane, span, span) for two spans of one lane that overlap in time. A stream runs its work one
+    thing after another, so on a lane of its own no two spans of positive length overlap, but for
+    what a graph replay holds (a drawing may put the replay's own reads inside it)."""
+    lanes: dict[str, list[dict]] = {}
+    for sp in timeline.get("spans") or []:
+        if sp["end_us"] > sp["start_us"]:
+            lanes.setdefault(sp["stream"], []).append(sp)
+    found = []
+    for lane, spans in lanes.items():
+        spans.sort(key=lambda sp: (sp["start_us"], -sp["end_us"]))
+        for a, b in zip(spans, spans[1:], strict=False):  # each span with the next to start
+            held = a["kind"] == "replay" and b["end_us"] <= a["end_us"] + tolerance_us
+            if b["start_us"] < a["end_us"] - tolerance_us and not held:
+                found.append((lane, a["name"], b["name"]))
+    return found
+
+
+def test_overlapping_finds_two_streams_drawn_as_one_lane_and_nothing_else():
+    copy = {"stream": "load", "name": "H2D k[L0]", "kind": "copy", "start_us": 10.0, "end_us": 30.0}
+    replay = {"stream": "load", "name": "replay graph 7", "kind": "replay", "start_us": 20.0, "end_us": 90.0}
+    inside = {"stream": "forward", "name": "L0 attention reads k", "kind": "kernel", "start_us": 30.0, "end_us": 40.0}
+    assert overlapping({"spans": [copy, replay]}) == [("load", "H2D k[L0]", "replay graph 7")]
+    assert overlapping({"spans": [{**copy, "stream": "forward"}, replay]}) == []  # two lanes
+    assert overlapping({"spans": [{**replay, "stream": "forward"}, inside]}) == []  # the replay's own read
+    record = {"stream": "load", "name": "record e1", "kind": "record", "start_us": 25.0, "end_us": 25.0}
+    assert overlapping({"spans": [copy, record]}) == []  # a record takes no time
+
+
+def _lane_runs() -> list:
+    params = []
+    for param in RUNS:
+        (path,) = param.values
+        doc = load(path / "results.json")
+        merged = doc["git_commit"] in LANES_MERGED and any(e.get("timeline") for e in doc["scenarios"])
+        marks = [pytest.mark.xfail(strict=True, reason=f"{path.name}: streams merged into one lane, "
+                                                       "not yet regenerated")] if merged else []
+        params.append(pytest.param(path, id=path.name, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("run", _lane_runs())
+def test_a_samples_timelines_draw_each_stream_on_a_lane_of_its_own(run):
+    doc = load(run / "results.json")
+    merged = {e["name"]: found[:2] for e in doc["scenarios"] if (found := overlapping(e.get("timeline") or {}))}
+    assert not merged, (f"{run.name}: {len(merged)} timelines draw two streams on one lane, "
+                        f"e.g. {list(merged.items())[:2]}")
