@@ -113,6 +113,9 @@ def ground_truth(tb: Testbed, timeout_s: float) -> Oracle:
     plan = FaultPlan(Fault())
     with dev.stream(tb.forward):
         tb.hazard.prepare(tb.bed)
+        # The preparation lands before the load starts: an engine's load may not be ordered after the
+        # forward stream (vLLM before #50696 is not), and a truth that raced it would be no truth.
+        dev.synchronize(timeout_s)
         op = tb.start_load(plan, schedule=layerwise)
         dev.synchronize(timeout_s)
         unrestored = tb.unrestored()

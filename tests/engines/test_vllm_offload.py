@@ -216,3 +216,18 @@ def test_a_store_reading_its_source_out_of_stream_order_races_behind_the_wait(mo
     monkeypatch.setattr(vllm_worker_store.VllmWorkerStore, "_swap_blocks_batch", out_of_order)
     r = run_scenario(STORE_BY_NAME["vllm.offload-worker-store.gate"], SimDevice(), replays=3)
     assert r.error is None and r.observed is Expect.RACE and r.tally.stale_replays == 3
+
+
+@new_worker
+@pytest.mark.parametrize("access_us", [1.0, 79.4, 5000.0])
+def test_the_ground_truth_waits_for_the_zeroing_however_long_it_takes(access_us):
+    """0.27.0's load is not ordered after the forward stream, and the ground truth loads through it
+    too (from 0.28.0 it is): the host waits for the hazard's zeroing before the truth's load starts, so the truth holds
+    the loaded prefix whatever the zeroing costs (at 79.4 us, the H200's calibration, a truth that
+    did not wait lost layer 0's K to the zeroing and the scenario came out `wrong`)."""
+    scenario = LOAD_BY_NAME["vllm.offload-load-zeroing.gate"]
+    dev = SimDevice()
+    dev.costs = dataclasses.replace(dev.costs, access_us=access_us)
+    r = run_scenario(scenario, dev, replays=1)
+    assert r.error is None and r.verdict is not None and r.verdict.not_restored is None, r.verdict
+    assert r.observed is scenario.expect  # a race on 0.27.0, clean from 0.28.0
