@@ -32,12 +32,10 @@ from typing import Any
 import torch
 
 from harness.devices.base import Device, Stream
-from harness.engines.vllm_offload import _runs
-from harness.engines.vllm_pools import plain
-from harness.engines.vllm_stand_ins import StreamsOf, TorchOf, patched
+from harness.engines.vllm_stand_ins import StreamsOf, TorchOf, Where, patched, swap_blocks, swap_ends
 from harness.protocol.schedules import LoadOp
 from harness.records.errors import EngineContractBroken
-from harness.records.trace import Pool, Region
+from harness.records.trace import Pool
 
 CPU_GPU = "vllm.v1.kv_offload.worker.cpu_gpu"
 NEEDED = {CPU_GPU: ("ops", "torch", "CpuGpuOffloadingHandlers")}
@@ -69,7 +67,7 @@ class HandlerDevice:
         self.last_stream: Stream | None = None
         self._layers = [lid for lid, _ in caches.values()]  # in the order the handlers allocate host tensors
         # Where each tensor vLLM hands swap_blocks lives: (pool, global layer id, on the device).
-        self._where: dict[int, tuple[str, int, bool]] = {}
+        self._where: Where = {}
         for lid, view in caches.values():
             for i, p in enumerate((Pool.K, Pool.V)):
                 self._where[view[i].data_ptr()] = (p, lid, True)
@@ -96,32 +94,20 @@ class HandlerDevice:
         self.op, self._paused = op, set()
 
     def _swap_blocks(self, src: torch.Tensor, dst: torch.Tensor, *args: Any) -> None:
-        """`ops.swap_blocks(src, dst, [block_size_in_bytes,] block_mapping)`."""
-        mapping = args[-1].tolist()
-        try:
-            sp, slid, s_dev = self._where[src.data_ptr()]
-            dp, dlid, d_dev = self._where[dst.data_ptr()]
-        except KeyError:
-            raise EngineContractBroken("vLLM's swap_blocks was handed a tensor the harness did not register") from None
-        if (sp, slid) != (dp, dlid) or s_dev == d_dev:
-            raise EngineContractBroken(f"vLLM's swap_blocks copies {sp} L{slid} to {dp} L{dlid}")
-        s, d = plain(src), plain(dst)
-        if not s_dev:
-            self._fault(slid)
-        for s0, d0, n in _runs(mapping):
-            dev_rows, host_rows = (s0, d0) if s_dev else (d0, s0)
-            region = Region(sp, slid, dev_rows, dev_rows + n)
-            host_region = Region(Pool.on_host(HOST, sp), slid, host_rows, host_rows + n)
-            if s_dev:
-                self.dev.copy_to_host(d[d0 : d0 + n], s[s0 : s0 + n], region, host_region)
-                self.stores += 1
-            else:
-                self.dev.copy_async(d[d0 : d0 + n], s[s0 : s0 + n], region, host_region)
-                self.loads += 1
-        if not s_dev and self.op is not None:
-            self.op.event_set.complete(slid)  # on the stream vLLM made current
+        """`ops.swap_blocks(src, dst, [block_size_in_bytes,] block_mapping)`: a load's copies behind
+        its fault, and its layer's completion after them."""
+        pool, layer, to_host = swap_ends(self._where, src, dst)
+        if not to_host:
+            self._fault(layer)
+        copies = swap_blocks(self.dev, src, dst, args[-1].tolist(), pool, layer, to_host, HOST)
+        if to_host:
+            self.stores += copies
+            return
+        self.loads += copies
+        if self.op is not None:
+            self.op.event_set.complete(layer)  # on the stream vLLM made current
             for listener in self.op.listeners:
-                listener(slid)
+                listener(layer)
 
     def _fault(self, layer: int) -> None:
         op = self.op

@@ -46,21 +46,28 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from harness.devices.base import Device, Gate, Stream, dtype_of
-from harness.engines.vllm_pools import device_view, layout_backend, plain
-from harness.engines.vllm_stand_ins import HostCopyTorch, StreamsOf, host_view, patched
-from harness.faults.plan import FaultPlan
+from harness.devices.base import Device, Stream, dtype_of
+from harness.engines.vllm_pools import device_view, layout_backend
+from harness.engines.vllm_stand_ins import (
+    EngineStore,
+    HostCopyTorch,
+    StreamsOf,
+    Where,
+    host_view,
+    patched,
+    swap_blocks,
+    swap_ends,
+)
 from harness.protocol.layout import Layout
 from harness.protocol.pools import HybridPool
-from harness.protocol.writeback import HostBackup, TransferPolicy, WriteBack, WriteOp
+from harness.protocol.writeback import HostBackup
 from harness.records.errors import EngineContractBroken
-from harness.records.trace import Pool, Region
+from harness.records.trace import Pool
 
 CPU_GPU = "vllm.v1.kv_offload.worker.cpu_gpu"
 WORKER = "vllm.v1.kv_offload.worker.worker"
@@ -73,7 +80,7 @@ NEEDED = {
 }
 
 
-class VllmOffload(WriteBack):
+class VllmOffload(EngineStore):
     """The write-back of one scenario through vLLM's offloading worker (see the module's text)."""
 
     def __init__(self, engine: Any, dev: Device, layout: Layout, pool: HybridPool, forward: Stream,
@@ -101,7 +108,7 @@ class VllmOffload(WriteBack):
         self._torch = HostCopyTorch(self, StreamsOf(self, "offload", torch.cuda))
         self._ops = SimpleNamespace(swap_blocks=self._swap_blocks)
         # Where each tensor vLLM hands swap_blocks lives: (pool, layer, on the device).
-        self._where: dict[int, tuple[str, int, bool]] = {}
+        self._where: Where = {}
         for lid in s.attention_layers:
             cache = caches[names[lid]]
             for i, p in enumerate((Pool.K, Pool.V)):
@@ -129,36 +136,13 @@ class VllmOffload(WriteBack):
 
     # ---- the copy primitive ------------------------------------------------------------------
     def _swap_blocks(self, src: torch.Tensor, dst: torch.Tensor, *args: Any) -> None:
-        """`ops.swap_blocks(src, dst, [block_size_in_bytes,] block_mapping)`: each run of consecutive
-        (src, dst) block pairs is one copy on the current stream."""
-        mapping = args[-1].tolist()
-        try:
-            sp, slid, s_dev = self._where[src.data_ptr()]
-            dp, dlid, d_dev = self._where[dst.data_ptr()]
-        except KeyError:
-            raise EngineContractBroken("vLLM's swap_blocks was handed a tensor the harness did not register") from None
-        if (sp, slid) != (dp, dlid) or s_dev == d_dev:
-            raise EngineContractBroken(f"vLLM's swap_blocks copies {sp} L{slid} to {dp} L{dlid}")
-        s, d = plain(src), plain(dst)
-        for s0, d0, n in _runs(mapping):
-            dev_rows, host_rows = (s0, d0) if s_dev else (d0, s0)
-            region = Region(sp, slid, dev_rows, dev_rows + n)
-            host_region = Region(Pool.on_host(self.host.name, sp), slid, host_rows, host_rows + n)
-            if s_dev:
-                self.dev.copy_to_host(d[d0 : d0 + n], s[s0 : s0 + n], region, host_region)
-            else:
-                self.dev.copy_async(d[d0 : d0 + n], s[s0 : s0 + n], region, host_region)
-            self.copies += 1
+        """`ops.swap_blocks(src, dst, [block_size_in_bytes,] block_mapping)`."""
+        pool, layer, to_host = swap_ends(self._where, src, dst)
+        self.copies += swap_blocks(self.dev, src, dst, args[-1].tolist(), pool, layer, to_host, self.host.name)
 
     # ---- the write-back ----------------------------------------------------------------------
-    def write(self, fault: FaultPlan, policy: TransferPolicy, gate: Gate | None = None) -> WriteOp:
-        """The batch's store through vLLM's worker, on the current (forward) stream."""
-        if gate is not None or fault.pause_us(0) > 0:
-            raise EngineContractBroken("vLLM's offloading store runs with no fault of its own "
-                                       "(the hazard store_before_compute)")
-        self.waits_on_compute = policy.write_fence
-        start = self.dev.Event()
-        start.record()
+    def _store(self) -> Stream:
+        """Each request's store through vLLM's worker, one transfer a request."""
         with self._patched():
             self.worker.get_finished()  # the host's poll: finished transfers give their streams back
             self.last_stream = None
@@ -168,18 +152,4 @@ class VllmOffload(WriteBack):
                     raise EngineContractBroken("vLLM's offloading worker refused a store")
         if self.last_stream is None:
             raise EngineContractBroken("vLLM's offloading handler enqueued its store on no stream of its own")
-        finish = self.dev.Event()
-        finish.record(self.last_stream)  # after the last transfer's end event, on its stream
-        return WriteOp(self.dev, start, start, finish, policy)
-
-
-def _runs(mapping: list[list[int]]) -> Iterator[tuple[int, int, int]]:
-    """(src, dst, count) for each run of consecutive pairs of a block mapping."""
-    i = 0
-    while i < len(mapping):
-        s0, d0 = mapping[i]
-        n = 1
-        while i + n < len(mapping) and mapping[i + n] == [s0 + n, d0 + n]:
-            n += 1
-        yield s0, d0, n
-        i += n
+        return self.last_stream  # the last transfer's end event is recorded there

@@ -55,14 +55,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.devices.base import Device, Gate, Stream, dtype_of
+from harness.devices.base import Device, Stream, dtype_of
 from harness.engines.engine import construct
 from harness.engines.vllm_pools import plain
-from harness.engines.vllm_stand_ins import HostCopyTorch, StreamsOf, host_view, patched
-from harness.faults.plan import FaultPlan
+from harness.engines.vllm_stand_ins import EngineStore, HostCopyTorch, StreamsOf, host_view, patched
 from harness.protocol.layout import Layout
 from harness.protocol.pools import HybridPool
-from harness.protocol.writeback import HostBackup, TransferPolicy, WriteBack, WriteOp
+from harness.protocol.writeback import HostBackup
 from harness.records.errors import EngineContractBroken
 from harness.records.trace import Pool, Region
 
@@ -113,8 +112,10 @@ class _Platform:
         return False
 
 
-class VllmSimpleOffload(WriteBack):
+class VllmSimpleOffload(EngineStore):
     """The write-back of one scenario through SimpleCPUOffloadConnector's worker (the module's text)."""
+
+    WHAT = "SimpleCPUOffloadConnector's store"
 
     def __init__(self, engine: Any, dev: Device, layout: Layout, pool: HybridPool, forward: Stream,
                  host: HostBackup, kv_cache_config: Any):
@@ -239,16 +240,9 @@ class VllmSimpleOffload(WriteBack):
         return 0
 
     # ---- the write-back ----------------------------------------------------------------------
-    def write(self, fault: FaultPlan, policy: TransferPolicy, gate: Gate | None = None) -> WriteOp:
-        """The batch's store through the worker's `get_finished`, on the current (forward) stream."""
-        if gate is not None or fault.pause_us(0) > 0:
-            raise EngineContractBroken("SimpleCPUOffloadConnector's store runs with no fault of its own "
-                                       "(the hazard store_before_compute)")
-        self.waits_on_compute = policy.write_fence
-        start = self.dev.Event()
-        start.record()
-        gpu = [slot for r in self.layout.requests for slot in r.new]
-        cpu = [row for r in self.layout.requests for row in r.tokens]
+    def _store(self) -> Stream:
+        """The batch's store through the worker's `get_finished`."""
+        gpu, cpu = self.batch_blocks()
         meta = self.metadata.SimpleCPUOffloadMetadata(store_event=next(self.events), store_gpu_blocks=gpu,
                                                       store_cpu_blocks=cpu)
         copies = self.copies
@@ -259,7 +253,4 @@ class VllmSimpleOffload(WriteBack):
             self.worker.clear_connector_metadata()
         if self.copies == copies:
             raise EngineContractBroken("SimpleCPUOffloadConnector's worker stored nothing of the batch's new tokens")
-        store = self.worker.store_stream
-        finish = self.dev.Event()
-        finish.record(store)  # after the store's own event, on its stream
-        return WriteOp(self.dev, start, start, finish, policy)
+        return self.worker.store_stream  # after the store's own event, on its stream

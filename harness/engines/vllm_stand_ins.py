@@ -9,6 +9,9 @@ handlers, `vllm_handlers`, `vllm_offload`; the CPU offloading worker, `vllm_work
   tensors vLLM allocates, answered with views of the harness's host copy (`host_view`).
 - `patched`: a module's names set to the stand-ins for the length of one of vLLM's calls.
 - `PageRanges`: where a byte pointer of vLLM's copy descriptors lies (which tensor, which row).
+- `swap_blocks`: vLLM's `ops.swap_blocks` on the harness device (the handlers' copy primitive).
+- `EngineStore`: what vLLM's three store paths share as the harness's write-back: no fault of their
+  own, the start on the forward stream, the finish on the stream vLLM stored on.
 """
 
 from __future__ import annotations
@@ -19,8 +22,13 @@ from typing import Any
 
 import torch
 
-from harness.devices.base import Event, Stream
+from harness.devices.base import Device, Event, Gate, Stream
+from harness.engines.vllm_pools import plain
+from harness.faults.plan import FaultPlan
+from harness.protocol.layout import Layout
+from harness.protocol.writeback import TransferPolicy, WriteBack, WriteOp
 from harness.records.errors import EngineContractBroken
+from harness.records.trace import Pool, Region
 
 _Stream = Stream  # `StreamsOf.Stream` shadows the class inside it
 
@@ -128,3 +136,77 @@ class PageRanges:
                     raise EngineContractBroken("vLLM's copy descriptor points inside a page")
                 return part, (ptr - start) // self.page, on_dev
         raise EngineContractBroken("vLLM's copy descriptor points into memory the harness did not register")
+
+
+def block_runs(mapping: list[list[int]]) -> Iterator[tuple[int, int, int]]:
+    """(src, dst, count) for each run of consecutive pairs of a block mapping."""
+    i = 0
+    while i < len(mapping):
+        s0, d0 = mapping[i]
+        n = 1
+        while i + n < len(mapping) and mapping[i + n] == [s0 + n, d0 + n]:
+            n += 1
+        yield s0, d0, n
+        i += n
+
+
+Where = dict[int, tuple[str, int, bool]]  # a tensor's data pointer -> (pool, layer, on the device)
+
+
+def swap_ends(where: Where, src: torch.Tensor, dst: torch.Tensor) -> tuple[str, int, bool]:
+    """(pool, layer, device to host) of one `ops.swap_blocks(src, dst, ...)`: both tensors the same
+    pool and layer's, one on each side."""
+    try:
+        sp, slid, s_dev = where[src.data_ptr()]
+        dp, dlid, d_dev = where[dst.data_ptr()]
+    except KeyError:
+        raise EngineContractBroken("vLLM's swap_blocks was handed a tensor the harness did not register") from None
+    if (sp, slid) != (dp, dlid) or s_dev == d_dev:
+        raise EngineContractBroken(f"vLLM's swap_blocks copies {sp} L{slid} to {dp} L{dlid}")
+    return sp, slid, s_dev
+
+
+def swap_blocks(dev: Device, src: torch.Tensor, dst: torch.Tensor, mapping: list[list[int]], pool: str,
+                layer: int, to_host: bool, host: str) -> int:
+    """`ops.swap_blocks(src, dst, [block_size_in_bytes,] block_mapping)` between `swap_ends`' ends:
+    each run of consecutive (src, dst) block pairs one copy on the current stream; the copies made."""
+    s, d = plain(src), plain(dst)
+    copies = 0
+    for s0, d0, n in block_runs(mapping):
+        dev_rows, host_rows = (s0, d0) if to_host else (d0, s0)
+        region = Region(pool, layer, dev_rows, dev_rows + n)
+        host_region = Region(Pool.on_host(host, pool), layer, host_rows, host_rows + n)
+        if to_host:
+            dev.copy_to_host(d[d0 : d0 + n], s[s0 : s0 + n], region, host_region)
+        else:
+            dev.copy_async(d[d0 : d0 + n], s[s0 : s0 + n], region, host_region)
+        copies += 1
+    return copies
+
+
+class EngineStore(WriteBack):
+    """A store of vLLM's as the harness's write-back: the batch's new tokens' blocks (device slots)
+    to its host rows, through `_store`, on the current (forward) stream."""
+
+    layout: Layout
+    waits_on_compute: bool
+    WHAT = "vLLM's offloading store"  # for the error of a fault it cannot run under
+
+    def write(self, fault: FaultPlan, policy: TransferPolicy, gate: Gate | None = None) -> WriteOp:
+        if gate is not None or fault.pause_us(0) > 0:
+            raise EngineContractBroken(f"{self.WHAT} runs with no fault of its own (the hazard store_before_compute)")
+        self.waits_on_compute = policy.write_fence
+        start = self.dev.Event()
+        start.record()
+        finish = self.dev.Event()
+        finish.record(self._store())  # after vLLM's own end of the store, on the stream it stored on
+        return WriteOp(self.dev, start, start, finish, policy)
+
+    def _store(self) -> Stream:
+        """Enqueue the batch's store through vLLM's code; the stream it stored on."""
+        raise NotImplementedError
+
+    def batch_blocks(self) -> tuple[list[int], list[int]]:
+        """The batch's new tokens: their device slots and their host rows, request after request."""
+        requests = self.layout.requests
+        return [slot for r in requests for slot in r.new], [row for r in requests for row in r.tokens]

@@ -31,14 +31,13 @@ from typing import Any
 
 import torch
 
-from harness.devices.base import Device, Gate, Stream, dtype_of
+from harness.devices.base import Device, Stream, dtype_of
 from harness.engines.vllm_offload_load import BASE, COMMON, GPU_WORKER
 from harness.engines.vllm_pools import DeviceMemory, plain
-from harness.engines.vllm_stand_ins import HostCopyTorch, PageRanges, StreamsOf, host_view, patched
-from harness.faults.plan import FaultPlan
+from harness.engines.vllm_stand_ins import EngineStore, HostCopyTorch, PageRanges, StreamsOf, host_view, patched
 from harness.protocol.layout import Layout
 from harness.protocol.pools import HybridPool
-from harness.protocol.writeback import HostBackup, TransferPolicy, WriteBack, WriteOp
+from harness.protocol.writeback import HostBackup
 from harness.records.errors import EngineContractBroken
 from harness.records.trace import Pool, Region
 
@@ -51,7 +50,7 @@ NEEDED = {
 }
 
 
-class VllmWorkerStore(WriteBack):
+class VllmWorkerStore(EngineStore):
     """The write-back of one scenario through `CPUOffloadingWorker.submit_store` (the module's text)."""
 
     def __init__(self, engine: Any, dev: Device, layout: Layout, pool: HybridPool, forward: Stream,
@@ -132,16 +131,9 @@ class VllmWorkerStore(WriteBack):
         if is_src_access_order_any:
             issued.wait_event(done)
 
-    def write(self, fault: FaultPlan, policy: TransferPolicy, gate: Gate | None = None) -> WriteOp:
-        """The batch's store through vLLM's worker, on the current (forward) stream."""
-        if gate is not None or fault.pause_us(0) > 0:
-            raise EngineContractBroken("vLLM's offloading store runs with no fault of its own "
-                                       "(the hazard store_before_compute)")
-        self.waits_on_compute = policy.write_fence
-        start = self.dev.Event()
-        start.record()
-        gpu = [slot for r in self.layout.requests for slot in r.new]
-        cpu = [row for r in self.layout.requests for row in r.tokens]
+    def _store(self) -> Stream:
+        """The batch's store through vLLM's worker, one job."""
+        gpu, cpu = self.batch_blocks()
         with self._patched():
             self.worker.get_finished()  # the host's poll: finished transfers give their streams back
             self.last_stream = None
@@ -150,6 +142,4 @@ class VllmWorkerStore(WriteBack):
                 raise EngineContractBroken("vLLM's offloading worker refused a store")
         if self.last_stream is None:
             raise EngineContractBroken("vLLM's offloading worker enqueued its store on no stream of its own")
-        finish = self.dev.Event()
-        finish.record(self.last_stream)  # after the store's end event, on its stream
-        return WriteOp(self.dev, start, start, finish, policy)
+        return self.last_stream  # the store's end event is recorded there

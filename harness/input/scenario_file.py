@@ -368,11 +368,7 @@ def _engine(value: Any, key: str) -> str:
 def _connector(value: Any, key: str) -> str:
     from harness.engines.vllm import WRITEBACK_CONNECTORS
 
-    names = list(WRITEBACK_CONNECTORS)
-    _string(value, key, f"a vLLM connector, one of: {', '.join(names)}")
-    if value not in names:
-        raise _Invalid(key, f"unknown connector {value!r}; valid: {', '.join(names)}{_did_you_mean(value, names)}")
-    return value
+    return _one_of(value, key, list(WRITEBACK_CONNECTORS), "connector")
 
 
 def _release_expectations(value: Any, key: str) -> ReleaseExpectations:
@@ -388,11 +384,7 @@ def _release_expectations(value: Any, key: str) -> ReleaseExpectations:
 def _transfer(value: Any, key: str) -> str:
     from harness.protocol.writeback import TRANSFERS
 
-    names = list(TRANSFERS)
-    _string(value, key, f"a transfer path, one of: {', '.join(names)}")
-    if value not in TRANSFERS:
-        raise _Invalid(key, f"unknown transfer path {value!r}; valid: {', '.join(names)}{_did_you_mean(value, names)}")
-    return value
+    return _one_of(value, key, list(TRANSFERS), "transfer path")
 
 
 def _plugin(kind: Kind) -> Parser:

@@ -80,12 +80,13 @@ def string(value: Any, key: str, wanted: str) -> str:
     return value
 
 
-def one_of(value: Any, key: str, names: list[str]) -> str:
-    """One of `names`: a wrong one names the valid ones (and the closest)."""
+def one_of(value: Any, key: str, names: list[str], noun: str | None = None) -> str:
+    """One of `names` (each a `noun`, where the message should say what they are): a wrong one
+    names the valid ones (and the closest)."""
     valid = ", ".join(names)
-    string(value, key, f"a string, one of: {valid}")
+    string(value, key, f"a {noun or 'string'}, one of: {valid}")
     if value not in names:
-        raise Invalid(key, f"unknown value {value!r}; valid: {valid}{did_you_mean(value, names)}")
+        raise Invalid(key, f"unknown {noun or 'value'} {value!r}; valid: {valid}{did_you_mean(value, names)}")
     return value
 
 

@@ -31,8 +31,9 @@ if not NEW_WORKER:
 
 from harness.devices.sim import SimDevice  # noqa: E402
 from harness.engines import vllm_offload  # noqa: E402
+from harness.faults.plan import FaultPlan  # noqa: E402
 from harness.input.scenario_file import SCENARIO_DIR, load_file  # noqa: E402
-from harness.records.scenario import Expect  # noqa: E402
+from harness.records.scenario import Expect, Fault  # noqa: E402
 from harness.run.pipeline import run_scenario  # noqa: E402
 from harness.run.testbed import Testbed  # noqa: E402
 
@@ -54,12 +55,6 @@ new_worker = pytest.mark.skipif(not NEW_WORKER, reason="this release has no kv_o
                                 "(CPUOffloadingWorker, 0.27.0 on)")
 
 
-def vllm_offload_fault():
-    from harness.records.scenario import Fault
-
-    return Fault()
-
-
 @old_worker
 def test_the_store_goes_through_vllms_worker_and_handler():
     b = Testbed(BY_NAME["vllm.offload-store.gate"], SimDevice())
@@ -69,7 +64,7 @@ def test_the_store_goes_through_vllms_worker_and_handler():
     # vLLM's handler took the harness's device views as GPU memory and the host copy as its CPU tensors.
     assert wb.handlers.gpu_to_cpu_handler.src_tensors[0].is_cuda
     with b.dev.stream(b.forward):
-        op = wb.write(vllm_offload.FaultPlan(vllm_offload_fault()), b.bed.transfer)
+        op = wb.write(FaultPlan(Fault()), b.bed.transfer)
     b.dev.synchronize()
     assert op.finish_event.query()
     # one copy per request, per K and V, per layer: the mapping's runs are each request's new slots
@@ -117,7 +112,7 @@ def test_a_release_before_the_fix_enqueues_no_wait_on_the_compute_stream():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(vllm_offload.StreamsOf, "current_stream", noted)
         with b.dev.stream(b.forward):
-            wb.write(vllm_offload.FaultPlan(vllm_offload_fault()), b.bed.transfer)
+            wb.write(FaultPlan(Fault()), b.bed.transfer)
     b.dev.synchronize()
     # The handler asks for the compute stream exactly where it waits on it (#31341), never before it.
     assert bool(calls) == (scenario.expect is Expect.CLEAN)
@@ -138,7 +133,7 @@ def test_the_load_goes_through_vllms_worker_and_handler():
     assert isinstance(load.worker, gw.CPUOffloadingWorker)
     assert isinstance(load.handler, gw.SingleDirectionOffloadingHandler) and not load.handler.gpu_to_cpu
     with b.dev.stream(b.forward):
-        op = b.start_load(vllm_offload.FaultPlan(vllm_offload_fault()))
+        op = b.start_load(FaultPlan(Fault()))
     b.dev.synchronize()
     assert op.finish_event.query() and load.end_event is not None and load.end_event.query()
     # one submit_load of both requests' prefixes: per layer's K and V, one run of slots a request
@@ -184,7 +179,7 @@ def test_the_store_goes_through_vllms_cpu_offloading_worker():
     gw = importlib.import_module(vllm_offload_load.GPU_WORKER)
     assert isinstance(wb.worker, gw.CPUOffloadingWorker)
     with b.dev.stream(b.forward):
-        op = wb.write(vllm_offload.FaultPlan(vllm_offload_fault()), b.bed.transfer)
+        op = wb.write(FaultPlan(Fault()), b.bed.transfer)
     b.dev.synchronize()
     assert op.finish_event.query()
     assert wb.copies == 4 * 2 * len(b.layout.requests)  # per layer's K and V, one run of slots a request
