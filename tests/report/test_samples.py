@@ -24,10 +24,8 @@ STALE: set[str] = set()
 # commit: the path check alone is their expected failure (strict), until they are regenerated.
 NAME_THEIR_HOST: set[str] = set()
 # Samples whose GPU timelines merge two streams into one lane, by commit: the lane check below is
-# their expected failure (strict). At 9c9e7d7 the CUDA device named a stream by the wrapper it had
-# made for that CUDA stream in an earlier testbed (torch hands its pooled streams out again), so a
-# later testbed's forward and load streams could carry one name.
-LANES_MERGED = {"9c9e7d7b29a7ca4345e8ec2abd37ecabb964f480"}
+# their expected failure (strict), until they are regenerated.
+LANES_MERGED: set[str] = set()
 
 
 def _runs(scenario_runs_only: bool) -> list:

@@ -83,9 +83,9 @@ KNOWN: dict[str, str] = {  # name -> why the simulator and the GPU disagree (a s
         "layer 0: stale in every simulated replay, in 0 of 100 on the H200 (layers 1-3 agree). In the "
         "simulator the forward stream reaches the replay about 200 us after the next batch's unwaited "
         "layer-0 copy has landed: the harness's own kernels between replays (poison, the final-state "
-        "look, compare) cost access_us (79 us) of device time each, one launch each. On the GPU each is "
-        "many small torch ops, whose cost falls on the host's enqueue more than on the device (not yet "
-        "measured op by op)"),
+        "look, compare) cost access_us (73 us in sim_costs.json) of device time each, one launch each. "
+        "On the GPU each is many small torch ops, whose cost falls on the host's enqueue more than on "
+        "the device (not yet measured op by op)"),
 }
 
 
