@@ -1,6 +1,6 @@
 """The docs as a reader relies on them: the README stays a front door and its first scenario runs,
-the layer map names every module and nothing else, links between pages resolve, and measured
-figures stay on the results page.
+the layer map names every module and nothing else, links between pages resolve, every table row
+sits in a table, and measured figures stay on the results page.
 
 What a documented snippet may import is checked with the examples, in tests/test_api.py."""
 
@@ -131,6 +131,34 @@ def test_links_between_pages_resolve(page):
         elif anchor and anchor[1:] not in _anchors(path.read_text()):
             broken.append(target + anchor)
     assert not broken, f"{page.name} links to what is not there: {broken}"
+
+
+def stray_rows(text: str) -> list[int]:
+    """Line numbers of table rows that belong to no table: a row whose line above is no row of a
+    table and whose line below is not the header's separator (Markdown shows such a row as text)."""
+    lines = text.splitlines()
+    fenced, found = False, []
+    for i, line in enumerate(lines):
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or not line.startswith("|"):
+            continue
+        starts = i + 1 < len(lines) and re.match(r"^\|[\s:|-]+\|\s*$", lines[i + 1])
+        if not (i and lines[i - 1].startswith("|")) and not starts:
+            found.append(i + 1)
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES_HERE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_table_row_is_in_a_table(page):
+    stray = stray_rows(page.read_text())
+    assert not stray, f"{page.name}: table rows outside a table at lines {stray}"
+
+
+def test_the_table_row_check_has_teeth():
+    table = "| a | b |\n| --- | --- |\n| 1 | 2 |\n"
+    assert stray_rows(table) == []
+    assert stray_rows(table + "\nA paragraph.\n| 3 | 4 |\n") == [6]  # a row after a paragraph
 
 
 # Where a figure is measured: the results page names the machine; a reference page names none.

@@ -216,10 +216,11 @@ def test_a_store_reading_its_source_out_of_stream_order_races_behind_the_wait(mo
 @new_worker
 @pytest.mark.parametrize("access_us", [1.0, 79.4, 5000.0])
 def test_the_ground_truth_waits_for_the_zeroing_however_long_it_takes(access_us):
-    """0.27.0's load is not ordered after the forward stream, and the ground truth loads through it
-    too (from 0.28.0 it is): the host waits for the hazard's zeroing before the truth's load starts, so the truth holds
-    the loaded prefix whatever the zeroing costs (at 79.4 us, the H200's calibration, a truth that
-    did not wait lost layer 0's K to the zeroing and the scenario came out `wrong`)."""
+    """0.27.0's load is not ordered after the forward stream (from 0.28.0 it is), and the ground
+    truth loads through it too: the host waits for the hazard's zeroing before the truth's load
+    starts, so the truth holds the loaded prefix whatever the zeroing costs (at 79.4 us, the H200's
+    calibration at 9c9e7d7, a truth that did not wait lost layer 0's K to the zeroing and the
+    scenario came out `wrong`)."""
     scenario = LOAD_BY_NAME["vllm.offload-load-zeroing.gate"]
     dev = SimDevice()
     dev.costs = dataclasses.replace(dev.costs, access_us=access_us)

@@ -23,9 +23,6 @@ STALE: set[str] = set()
 # Samples of today's scenario files that still name the folder of the machine that made them, by
 # commit: the path check alone is their expected failure (strict), until they are regenerated.
 NAME_THEIR_HOST: set[str] = set()
-# Samples whose GPU timelines merge two streams into one lane, by commit: the lane check below is
-# their expected failure (strict), until they are regenerated.
-LANES_MERGED: set[str] = set()
 
 
 def _runs(scenario_runs_only: bool) -> list:
@@ -135,19 +132,7 @@ def test_overlapping_finds_two_streams_drawn_as_one_lane_and_nothing_else():
     assert overlapping({"spans": [copy, record]}) == []  # a record takes no time
 
 
-def _lane_runs() -> list:
-    params = []
-    for param in RUNS:
-        (path,) = param.values
-        doc = load(path / "results.json")
-        merged = doc["git_commit"] in LANES_MERGED and any(e.get("timeline") for e in doc["scenarios"])
-        marks = [pytest.mark.xfail(strict=True, reason=f"{path.name}: streams merged into one lane, "
-                                                       "not yet regenerated")] if merged else []
-        params.append(pytest.param(path, id=path.name, marks=marks))
-    return params
-
-
-@pytest.mark.parametrize("run", _lane_runs())
+@pytest.mark.parametrize("run", [pytest.param(p, id=p.name) for p in sorted(SAMPLES.glob("*-h200"))])
 def test_a_samples_timelines_draw_each_stream_on_a_lane_of_its_own(run):
     doc = load(run / "results.json")
     merged = {e["name"]: found[:2] for e in doc["scenarios"] if (found := overlapping(e.get("timeline") or {}))}
