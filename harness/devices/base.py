@@ -252,6 +252,15 @@ class _Capture:
     body: list[Op]
 
 
+@dataclass(frozen=True)
+class Memory:
+    """A reading of the memory a device keeps its tensors in, in bytes."""
+
+    where: str  # what that memory is, for a message ("GPU memory")
+    in_use: int  # what this process holds there now
+    available: int  # what it could still take
+
+
 class Device(abc.ABC):
     """Streams, events, copies, kernels, delays, graphs and their op list, on one device."""
 
@@ -534,6 +543,11 @@ class Device(abc.ABC):
     @abc.abstractmethod
     def empty_host(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """Host memory the device copies from asynchronously (pinned on CUDA)."""
+
+    def memory(self) -> Memory | None:
+        """Where this device keeps its tensors: what the process holds there and what it could still
+        take (None: this platform does not say)."""
+        return None
 
     def describe(self) -> dict:
         """Versions and names for reports."""

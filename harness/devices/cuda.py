@@ -25,6 +25,7 @@ from harness.devices.base import (
     FlagValues,
     Gate,
     Graph,
+    Memory,
     Stream,
     _Capture,
     _Stream,
@@ -572,6 +573,13 @@ class CudaDevice(Device):
 
     def _made_streams(self) -> Sequence[CudaStream]:
         return sorted(self._owned, key=lambda s: s.id)
+
+    def memory(self) -> Memory:
+        free, _ = torch.cuda.mem_get_info(self.torch_device)
+        allocated = torch.cuda.memory_allocated(self.torch_device)
+        # Blocks torch's caching allocator holds but no tensor uses are this process's to take too.
+        cached = torch.cuda.memory_reserved(self.torch_device) - allocated
+        return Memory("GPU memory", allocated, free + cached)
 
     def describe(self) -> dict:
         d = super().describe()

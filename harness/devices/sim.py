@@ -45,7 +45,20 @@ from typing import Any
 
 import torch
 
-from harness.devices.base import Device, Event, Flags, FlagValues, Gate, Graph, Stream, _Capture, _Event, _Stream
+from harness.devices.base import (
+    Device,
+    Event,
+    Flags,
+    FlagValues,
+    Gate,
+    Graph,
+    Memory,
+    Stream,
+    _Capture,
+    _Event,
+    _Stream,
+)
+from harness.devices.host_memory import host_memory
 from harness.records.device_settings import SimCosts  # the cost model, torch-free for the CLI's help
 from harness.records.errors import CaptureInvalidated, HarnessError
 from harness.records.graph_model import GraphModel, chain_model
@@ -667,6 +680,9 @@ class SimDevice(Device):
 
     def _made_streams(self) -> Sequence[SimStream]:
         return sorted(self._streams, key=lambda s: s.id)
+
+    def memory(self) -> Memory | None:
+        return host_memory()
 
     def describe(self) -> dict:
         d = super().describe()

@@ -137,7 +137,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         res = bench_point(dev, point, args.repeats, args.warmup, args.timeout, arms)
         rows += res.rows()
         ld, cp = res.stats["load"], res.stats["compute"]
-        print(f"\n{point.kind} {point.layers} layers, prefix {point.prefix}, hidden {point.hidden}: "
+        print(f"\n{point.label}: "
               f"load {ld.median_ms:.3f} ms [{ld.p25_ms:.3f}-{ld.p75_ms:.3f}], compute {cp.median_ms:.3f} ms "
               f"[{cp.p25_ms:.3f}-{cp.p75_ms:.3f}], bound {res.bound_ms:.3f} ms  (median [IQR])")
         for row in res.rows():

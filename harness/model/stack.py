@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 
 import torch
@@ -29,7 +29,9 @@ from harness.devices.base import Device, dtype_of
 from harness.model.arena import arena_layout, backup_segment, cow_segment
 from harness.protocol.layout import Layout, index_regions, prefix_regions
 from harness.protocol.pools import HybridPool
+from harness.protocol.seeded import drawn_once
 from harness.protocol.writeback import HostBackup
+from harness.records.scenario import ModelShape
 from harness.records.trace import Pool, Region
 
 EPS = 1e-6
@@ -139,16 +141,24 @@ class MambaWeights:
 
 
 def init_weights(layout: Layout, seed: int, device: torch.device):
-    """Seeded weights, drawn on the CPU so every device gets the same numbers."""
-    s = layout.shape
+    """Seeded weights, drawn on the CPU so every device gets the same numbers: the layers' weights,
+    the final norm and the input, each copied to `device` (on the CPU, the drawn tensors themselves,
+    shared by every model of this shape and seed: nothing writes to a weight)."""
+    layers, final_norm, x = _draw_weights(layout.shape, layout.total_new, seed)
+    on_device = [type(w)(*(getattr(w, f.name).to(device) for f in fields(w))) for w in layers]
+    return on_device, final_norm.to(device), x.to(device)
+
+
+@drawn_once
+def _draw_weights(s: ModelShape, total_new: int, seed: int):
     dt = dtype_of(s.dtype)
     g = torch.Generator().manual_seed(seed)
 
     def mat(rows, cols):
-        return (torch.randn(rows, cols, generator=g) / math.sqrt(cols)).to(dt).to(device)
+        return (torch.randn(rows, cols, generator=g) / math.sqrt(cols)).to(dt)
 
     def vec(n, scale=0.1, base=1.0):
-        return (base + scale * torch.randn(n, generator=g)).to(dt).to(device)
+        return (base + scale * torch.randn(n, generator=g)).to(dt)
 
     layers: list[AttentionWeights | MambaWeights] = []
     qkv = (s.heads + 2 * s.kv_heads) * s.head_dim
@@ -166,14 +176,14 @@ def init_weights(layout: Layout, seed: int, device: torch.device):
             layers.append(
                 MambaWeights(
                     vec(s.hidden), mat(2 * s.d_inner, s.hidden),
-                    (torch.randn(s.d_inner, s.conv, generator=g) / math.sqrt(s.conv)).to(dt).to(device),
-                    vec(s.d_inner, base=0.0), torch.log(a).to(device),
+                    (torch.randn(s.d_inner, s.conv, generator=g) / math.sqrt(s.conv)).to(dt),
+                    vec(s.d_inner, base=0.0), torch.log(a),
                     mat(s.state, s.d_inner), mat(s.state, s.d_inner),
                     vec(s.d_inner), mat(s.hidden, s.d_inner),
                 )
             )
     final_norm = vec(s.hidden)
-    x = torch.randn(layout.total_new, s.hidden, generator=g).to(dt).to(device)
+    x = torch.randn(total_new, s.hidden, generator=g).to(dt)
     return layers, final_norm, x
 
 

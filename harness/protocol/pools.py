@@ -18,6 +18,7 @@ from harness.devices.base import Device, dtype_of
 from harness.protocol.accessors import AccessorPolicy
 from harness.protocol.counter import LoadCounter
 from harness.protocol.layout import Layout
+from harness.protocol.seeded import drawn_once
 from harness.records.trace import Region
 
 # The sparse-attention index keys' storage dtype, whatever the model's: QSA's own (its
@@ -166,6 +167,13 @@ class HybridPool:
         body()
 
 
+@drawn_once
+def _draw_host(shapes: tuple[tuple[tuple[int, ...], torch.dtype], ...], seed: int) -> tuple[torch.Tensor, ...]:
+    """A host pool's data: standard normal draws of these shapes and dtypes, in order, from one generator."""
+    g = torch.Generator().manual_seed(seed + 7919)
+    return tuple(torch.randn(shape, generator=g).to(dtype) for shape, dtype in shapes)
+
+
 class HostPool:
     """Pinned host copies of each request's cached prefix KV and Mamba state (and, with a
     sparse-attention index, its keys: one row a compressed slot of each prefix, request after request).
@@ -178,17 +186,16 @@ class HostPool:
         self.name = name
         s = layout.shape
         dt = dtype_of(s.dtype)
-        g = torch.Generator().manual_seed(seed + 7919)
         n_a, n_m, b = len(s.attention_layers), len(s.mamba_layers), len(layout.requests)
+        kv = (n_a, layout.total_prefix, s.kv_heads, s.head_dim)
+        # Drawn in this order; the index last, so a model without one gets the same data as before it had one.
+        shapes = ((kv, dt), (kv, dt), ((n_m, b, s.d_inner, s.conv - 1), dt), ((n_m, b, s.d_inner, s.state), dt),
+                  (index_shape(layout, layout.total_prefix), INDEX_DTYPE))
+        drawn = _draw_host(shapes, seed)
 
-        def filled(shape: tuple[int, ...], dtype: torch.dtype = dt) -> torch.Tensor:
-            t = dev.empty_host(shape, dtype)
-            t.copy_(torch.randn(shape, generator=g).to(dtype))
+        def filled(data: torch.Tensor) -> torch.Tensor:
+            t = dev.empty_host(tuple(data.shape), data.dtype)  # its own: a hazard or write-back may write it
+            t.copy_(data)
             return t
 
-        self.k = filled((n_a, layout.total_prefix, s.kv_heads, s.head_dim))
-        self.v = filled((n_a, layout.total_prefix, s.kv_heads, s.head_dim))
-        self.conv = filled((n_m, b, s.d_inner, s.conv - 1))
-        self.ssm = filled((n_m, b, s.d_inner, s.state))
-        # Drawn last, so a model without an index gets the same data as before it had one.
-        self.idx = filled(index_shape(layout, layout.total_prefix), INDEX_DTYPE)
+        self.k, self.v, self.conv, self.ssm, self.idx = (filled(d) for d in drawn)

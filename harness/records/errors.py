@@ -38,6 +38,13 @@ class DeviceUnavailable(HarnessError):
     exit_code = 2
 
 
+class TooLarge(HarnessError):
+    """What was asked for would not fit in the device's memory, by a reading taken before it ran
+    out (the simulator's device memory is the host's, where running out kills the process)."""
+
+    exit_code = 2
+
+
 class ReplayTimeout(HarnessError):
     """A replay, a load-back or a gate did not finish within its deadline."""
 

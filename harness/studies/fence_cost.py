@@ -22,8 +22,9 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from harness.devices.base import Device
+from harness.devices.base import Device, Memory
 from harness.protocol.fences import STRATEGIES, FenceContext
+from harness.records.errors import TooLarge
 from harness.records.scenario import (
     Backend,
     Expect,
@@ -59,6 +60,10 @@ class Point:
     prefix: int
     new: int = 32
     hidden: int = 1024  # MHA, heads of 128
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.layers} layers, prefix {self.prefix}, hidden {self.hidden}"
 
     def scenario(self) -> Scenario:
         pattern = "A" * self.layers if self.kind == "attention" else "AM" * (self.layers // 2)
@@ -230,11 +235,25 @@ class Arm:
         return (us(marks.end) or start) - start, (us(marks.launch) or start) - start
 
 
+# The share of the device's available memory a point's testbeds may take: the rest is left for the
+# forward's temporaries and for what the reading cannot see (fragmentation, other processes).
+MEMORY_SHARE = 0.9
+
+
 def bench_point(dev: Device, point: Point, repeats: int, warmup: int, timeout_s: float = 30.0,
                 arms: Sequence[str] = ARMS) -> PointResult:
+    # What one testbed takes, read around the second one built (the first holds what later ones
+    # share, such as the CPU's weights), each run once first: the simulator's memory is only the
+    # process's once written, and the load and the forward write all of it.
     compute = Arm(dev, point.scenario(), timeout_s)
+    compute.time()
+    before = dev.memory()
+    first = Arm(dev, arm_scenario(point, arms[0]), timeout_s)
+    first.time()
+    check_room(point, len(arms), before, dev.memory())  # the load bound's and the other arms'
     load = Arm(dev, point.scenario().with_overrides(fence=LOAD_BOUND), timeout_s)
-    runs = {name: Arm(dev, arm_scenario(point, name), timeout_s) for name in arms}
+    runs = {name: first if i == 0 else Arm(dev, arm_scenario(point, name), timeout_s)
+            for i, name in enumerate(arms)}
     dev.synchronize(timeout_s)
     samples: dict[str, list[float]] = {n: [] for n in (*BASELINES, *arms)}
     gaps: dict[str, list[float]] = {n: [] for n in arms}
@@ -260,6 +279,20 @@ def bench_point(dev: Device, point: Point, repeats: int, warmup: int, timeout_s:
         unfenced = {n: Spread.of([a / b for a, b in zip(samples[n], base, strict=True) if b > 0]) for n in arms}
     return PointResult(point, {n: Stats.of(xs) for n, xs in samples.items()},
                        {n: Stats.of(xs) for n, xs in gaps.items()}, unfenced)
+
+
+def check_room(point: Point, testbeds: int, before: Memory | None, after: Memory | None) -> None:
+    """Refuse, before they are built, `testbeds` more testbeds of a point that would not fit: each
+    takes what the one built between the two readings took."""
+    if before is None or after is None:
+        return  # this platform does not say: build and see
+    each = max(after.in_use - before.in_use, 0)
+    if each * testbeds > after.available * MEMORY_SHARE:
+        gib = 2**30
+        raise TooLarge(f"bench point {point.label}: the {testbeds} testbeds left to build need about "
+                       f"{each * testbeds / gib:.1f} GiB more {after.where} ({each / gib:.2f} GiB a testbed, "
+                       f"measured), and {after.available / gib:.1f} GiB is available; choose smaller --points "
+                       "or fewer --arm")
 
 
 def arm_scenario(point: Point, arm: str) -> Scenario:

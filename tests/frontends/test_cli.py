@@ -164,6 +164,29 @@ def test_bench_writes_the_report_next_to_its_results(tmp_path, monkeypatch):
     assert [p["strategy"] for p in doc["bench"]["points"]] == ["final_event"]
 
 
+def test_a_bench_point_too_large_for_the_device_ends_the_run_in_one_line_keeping_the_points_before(
+        tmp_path, monkeypatch, capsys):
+    from harness.devices.base import Memory
+    from harness.devices.sim import SimDevice
+    from harness.studies import fence_cost as benchmark
+
+    monkeypatch.setitem(benchmark.POINT_SETS, "two", lambda: [benchmark.Point("attention", 2, 64, 4),
+                                                              benchmark.Point("attention", 2, 128, 4)])
+    gib = 2**30
+    # Two readings a point: the first point's testbed takes 0.1 GiB, the second's 50 of 50 available.
+    readings = iter([(1.0, 100), (1.1, 100), (1.0, 100), (51.0, 50)])
+    monkeypatch.setattr(SimDevice, "memory",
+                        lambda self: Memory("host memory", *(int(x * gib) for x in next(readings))))
+    out = tmp_path / "bench"
+    args = ["bench", "--device", "sim", "--points", "two", "--repeats", "2", "--warmup", "1",
+            "--arm", "final_event", "--out", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "prefix 128" in err[0] and "50.0 GiB is available" in err[0], err
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["partial"] is True and [p["prefix"] for p in doc["bench"]["points"]] == [64]
+
+
 def test_a_bench_stopped_between_points_leaves_the_points_it_measured_marked_partial(tmp_path, monkeypatch):
     from harness.studies import fence_cost as benchmark
 

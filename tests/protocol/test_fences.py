@@ -9,9 +9,11 @@ import pytest
 
 from harness.checkers.clocks import StreamClocks
 from harness.checkers.happens_before import find_races
+from harness.devices.base import Memory
 from harness.devices.sim import SimDevice
 from harness.frontends.fence_commands import FENCE_MUTANTS, cell, cmd_fences, race_scenarios
 from harness.protocol.fences import STRATEGIES
+from harness.records.errors import TooLarge
 from harness.records.scenario import (
     Expect,
     Fault,
@@ -20,7 +22,7 @@ from harness.records.scenario import (
 )
 from harness.records.trace import HostWait, Replay, Wait
 from harness.run.pipeline import run_scenario
-from harness.studies.fence_cost import ARMS, BASELINES, Point, Stats, bench_point, sweep
+from harness.studies.fence_cost import ARMS, BASELINES, Point, Stats, bench_point, check_room, sweep
 from tests.support.builders import SMALL_HYBRID, small_scenario
 
 SMALL = SMALL_HYBRID
@@ -124,6 +126,18 @@ def test_bench_point_times_every_arm_against_the_bound():
         assert by[s]["ratio_to_bound"] >= 0.99, by[s]
     assert by["none"]["ratio_to_bound"] < by["final_event"]["ratio_to_bound"]
     assert all(r["load_ms"] > 0 and r["compute_ms"] > 0 and r["repeats"] == 3 for r in rows)
+
+
+def test_a_point_whose_testbeds_would_not_fit_is_refused_before_they_are_built():
+    gib = 2**30
+    point = Point("attention", 80, 2048)
+    before, after = Memory("host memory", 4 * gib, 30 * gib), Memory("host memory", 6 * gib, 17 * gib)
+    with pytest.raises(TooLarge, match=r"attention 80 layers, prefix 2048, hidden 1024: the 9 testbeds left to "
+                                       r"build need about 18.0 GiB more host memory \(2.00 GiB a testbed, "
+                                       r"measured\), and 17.0 GiB is available"):
+        check_room(point, 9, before, after)
+    check_room(point, 7, before, after)  # 14 GiB: within the share of 17 it may take
+    check_room(point, 9, None, after)  # a platform with no reading: built, and seen
 
 
 def test_a_plugin_fence_is_benched_by_name_like_any_arm(wayward):
