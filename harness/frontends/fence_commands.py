@@ -111,6 +111,10 @@ def cmd_fences(args: argparse.Namespace) -> int:
     return 0 if not bad else 1
 
 
+# `bench` without --points, by device kind.
+DEFAULT_POINTS = {"cuda": "sweep", "sim": "default"}
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from harness.devices import open_device
     from harness.input.plugins import Kind, resolve
@@ -124,13 +128,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         resolve(Kind.FENCE, fence, "--arm", "arm")  # one line, exit 2, for a name that is no fence
         if schedule is not None:
             resolve(Kind.SCHEDULE, schedule, "--arm", "arm")
-    names = [n.strip() for n in args.points.split(",") if n.strip()]
-    unknown = [n for n in names if n not in POINT_SETS]
-    if unknown or not names:
+    names = None if args.points is None else [n.strip() for n in args.points.split(",") if n.strip()]
+    unknown = [n for n in names or () if n not in POINT_SETS]
+    if unknown or names == []:
         raise InputError("--points", "points", f"unknown point set {', '.join(unknown) or '(none)'}; "
                          f"valid: {', '.join(POINT_SETS)}, or several joined by commas")
     dev = open_device(args.device, args.sim_costs)
-    points = points_named(names)
+    # On the simulator, which computes every kernel on the CPU, the sweep takes minutes and most of a
+    # CI machine's memory (11 testbeds a point, up to 32 layers), for figures that are modelled anyway.
+    points = points_named(names or [DEFAULT_POINTS[dev.name]])
     print(f"device: {dev.name}  points: {len(points)}  repeats: {args.repeats} (+{args.warmup} warm-up)")
     started, rows = time.time(), []
     for done, point in enumerate(points, 1):
@@ -203,10 +209,11 @@ def add_commands(sub) -> None:
                    help="only the race scenarios under this fault (gate: the deterministic ones)")
     common(f)
     b = sub.add_parser("bench", help="end-to-end cost of each fence strategy against max(load, compute)")
-    b.add_argument("--points", default="sweep", metavar="NAME[,NAME...]",
+    b.add_argument("--points", default=None, metavar="NAME[,NAME...]",
                    help="named point sets: default (8 attention layers, 2,048 tokens), sweep (512-16,384 "
                         "tokens, 4-32 layers), layers (8, 32, 80 at 2,048 tokens), prefix (2,048-32,768 at 8 "
-                        "layers), deep (80 layers), hybrid, hidden (4,096), serving (all of it); default: sweep")
+                        "layers), deep (80 layers), hybrid, hidden (4,096), serving (all of it); default: "
+                        "sweep on a GPU, default on the simulator")
     b.add_argument("--repeats", type=positive_int, default=100, help="timed rounds per arm (default 100)")
     b.add_argument("--warmup", type=positive_int, default=10, help="untimed rounds first (default 10)")
     b.add_argument("--arm", dest="arms", action="append", metavar="FENCE",

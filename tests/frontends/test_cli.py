@@ -164,6 +164,19 @@ def test_bench_writes_the_report_next_to_its_results(tmp_path, monkeypatch):
     assert [p["strategy"] for p in doc["bench"]["points"]] == ["final_event"]
 
 
+def test_bench_without_points_runs_the_default_point_on_the_simulator(tmp_path, monkeypatch):
+    from harness.studies import fence_cost as benchmark
+
+    small = benchmark.Point("attention", 2, 64, 4)
+    monkeypatch.setitem(benchmark.POINT_SETS, "default", lambda: [small])
+    monkeypatch.setitem(benchmark.POINT_SETS, "sweep", lambda: pytest.fail("the sweep on the simulator"))
+    out = tmp_path / "bench"
+    assert main(["bench", "--device", "sim", "--repeats", "2", "--warmup", "1", "--arm", "final_event",
+                 "--out", str(out)]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert [(p["layers"], p["prefix"]) for p in doc["bench"]["points"]] == [(2, 64)]
+
+
 def test_a_bench_point_too_large_for_the_device_ends_the_run_in_one_line_keeping_the_points_before(
         tmp_path, monkeypatch, capsys):
     from harness.devices.base import Memory
