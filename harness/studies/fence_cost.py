@@ -252,8 +252,7 @@ def bench_point(dev: Device, point: Point, repeats: int, warmup: int, timeout_s:
     first.time()
     check_room(point, len(arms), before, dev.memory())  # the load bound's and the other arms'
     load = Arm(dev, point.scenario().with_overrides(fence=LOAD_BOUND), timeout_s)
-    runs = {name: first if i == 0 else Arm(dev, arm_scenario(point, name), timeout_s)
-            for i, name in enumerate(arms)}
+    runs = {arms[0]: first, **{name: Arm(dev, arm_scenario(point, name), timeout_s) for name in arms[1:]}}
     dev.synchronize(timeout_s)
     samples: dict[str, list[float]] = {n: [] for n in (*BASELINES, *arms)}
     gaps: dict[str, list[float]] = {n: [] for n in arms}
